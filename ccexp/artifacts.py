@@ -1,0 +1,82 @@
+"""Content-addressed stage store: ``<cache>/<stage>/<fingerprint>/`` with atomic publish.
+
+A stage's fingerprint hashes its own config, the fingerprints of its inputs and a stage version
+(the Marin executor's rule: an output path is its step's config plus inputs). A stage writes into
+a temporary sibling folder and renames it into place only when complete, after writing a
+``DONE`` marker, so an interrupted stage never looks finished and is simply recomputed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+log = logging.getLogger("ccexp")
+
+DONE = "DONE"
+
+
+def fingerprint(stage: str, version: int, config: Any, inputs: dict[str, str] | None = None) -> str:
+    """Return a 16-hex-digit SHA-256 fingerprint of ``(stage, version, config, inputs)``.
+
+    ``config`` must be JSON-serialisable (plain dicts/lists/scalars); keys are sorted so the
+    fingerprint does not depend on dict order.
+    """
+    payload = json.dumps({"stage": stage, "version": version, "config": config, "inputs": inputs or {}},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 (hex, 16 digits) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+class StageStore:
+    """Stage outputs under ``root/<stage>/<fingerprint>/``; see the module docstring."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def path(self, stage: str, fp: str) -> Path:
+        return self.root / stage / fp
+
+    def is_done(self, stage: str, fp: str) -> bool:
+        return (self.path(stage, fp) / DONE).is_file()
+
+    @contextmanager
+    def publish(self, stage: str, fp: str, meta: dict[str, Any] | None = None) -> Iterator[Path]:
+        """Yield a temporary folder to write into; on success, mark it done and rename it.
+
+        On any exception the temporary folder is removed and nothing is published.
+        """
+        final = self.path(stage, fp)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".tmp-{fp}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            yield tmp
+            info = {"stage": stage, "fingerprint": fp, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    **(meta or {})}
+            (tmp / "meta.json").write_text(json.dumps(info, indent=2, default=str))
+            (tmp / DONE).write_text("ok\n")
+            if final.exists():  # an incomplete leftover (no DONE), or a concurrent writer won
+                if (final / DONE).is_file():
+                    shutil.rmtree(tmp)
+                    return
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

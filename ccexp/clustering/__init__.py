@@ -1,0 +1,1 @@
+"""Clusterers: FAISS k-means over document embeddings."""

@@ -1,0 +1,170 @@
+"""Config schemas (dataclasses) registered in Hydra's ConfigStore.
+
+Every config group option lists its schema first in its defaults list (``/schema/<group>/<name>``),
+so a misspelt key or a wrong type fails at compose time naming the key. The root schema makes the
+top level strict as well.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class PathsConfig:
+    outputs: str = "outputs"  # Hydra runs, the stage cache and the MLflow store live here
+    cache: str = "${paths.outputs}/cache"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    global_batch_size: int = 32  # documents per optimizer step, all ranks together
+    seq_len: int = 128  # tokens per packed sequence
+    max_doc_tokens: int = 256  # longer documents are truncated before packing
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 20
+    log_every_n_steps: int = 10
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    path: str = MISSING
+    format: str = "auto"  # auto | jsonl | parquet
+    text_field: str = "text"
+    id_field: Optional[str] = "id"
+    label_fields: list[str] = field(default_factory=list)
+    drop_empty: bool = True
+    max_documents: Optional[int] = None
+    heldout_fraction: float = 0.05
+
+
+@dataclass
+class EmbedderConfig:
+    _target_: str = "ccexp.embedding.sentence.SentenceEmbedder"
+    name: str = MISSING
+    model: str = "minilm"
+    batch_size: int = 64
+    max_seq_length: int = 256
+    device: str = "auto"
+    chunk_size: int = 2048
+
+
+@dataclass
+class KMeansConfig:
+    _target_: str = "ccexp.clustering.kmeans.FaissKMeans"
+    name: str = "kmeans"
+    k: int = 32
+    niter: int = 20
+    seed: int = "${seed}"  # type: ignore[assignment]
+    max_points_per_centroid: int = 256
+    spherical: bool = True
+    nredo: int = 1
+    assign_batch: int = 65536
+    verbose: bool = False
+
+
+@dataclass
+class SamplerConfig:
+    _target_: str = MISSING
+    name: str = MISSING
+
+
+@dataclass
+class ClusterClipConfig(SamplerConfig):
+    clip_threshold: int = 5
+    after_clip: str = "uniform"  # uniform | proportional
+    on_exhausted: str = "error"  # error | reset
+
+
+@dataclass
+class TokenizerConfig:
+    kind: str = "bpe"  # bpe (trained locally) | pretrained (from model.pretrained)
+    vocab_size: int = 4096
+    path: Optional[str] = None
+
+
+@dataclass
+class TinyGPTConfig:
+    _target_: str = "ccexp.training.models.tiny_gpt"
+    name: str = "tiny_gpt"
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    n_positions: int = 512
+    dropout: float = 0.0
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+
+@dataclass
+class HFCausalLMConfig:
+    _target_: str = "ccexp.training.models.hf_causal_lm"
+    name: str = MISSING
+    pretrained: str = MISSING
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(kind="pretrained", path=None))
+
+
+@dataclass
+class TrainerConfig:
+    name: str = MISSING
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    gradient_clip_val: Optional[float] = 1.0
+    accumulate_grad_batches: int = 1
+    threads: Optional[int] = None  # torch.set_num_threads on CPU; None = torch's default
+    enable_progress_bar: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    name: str = MISSING
+    enabled: bool = True
+    tracking_uri: Optional[str] = None  # default sqlite:///<paths.outputs>/mlflow.db
+    artifact_location: Optional[str] = None  # default <paths.outputs>/mlartifacts
+    experiment: str = "ccexp"
+
+
+@dataclass
+class EvalConfig:
+    name: str = MISSING
+    max_tokens: int = 256  # tokens scored per held-out document
+    batch_size: int = 32
+    max_cluster_metrics: int = 256  # per-cluster metrics go to MLflow when K <= this (CSV always)
+
+
+@dataclass
+class RootConfig:
+    data: Any = MISSING
+    embedder: Any = MISSING
+    clusterer: Any = MISSING
+    sampler: Any = MISSING
+    model: Any = MISSING
+    trainer: Any = MISSING
+    logger: Any = MISSING
+    eval: Any = MISSING
+    seed: int = 0
+    recipe_name: Optional[str] = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="root_schema", node=RootConfig)
+    for group, name, node in [
+        ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig), ("clusterer", "kmeans", KMeansConfig),
+        ("sampler", "sampler", SamplerConfig), ("sampler", "clusterclip", ClusterClipConfig),
+        ("model", "tiny_gpt", TinyGPTConfig), ("model", "hf_causal_lm", HFCausalLMConfig),
+        ("trainer", "trainer", TrainerConfig), ("logger", "logger", LoggerConfig), ("eval", "eval", EvalConfig),
+    ]:
+        cs.store(group=f"schema/{group}", name=name, node=node)

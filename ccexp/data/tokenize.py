@@ -1,0 +1,73 @@
+"""Tokenizers (a byte-level BPE trained locally with ``tokenizers``, or a local pretrained one) and
+corpus tokenization into a flat token array with offsets."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from ccexp.errors import CcexpError
+
+log = logging.getLogger("ccexp")
+EOS = "<|endoftext|>"
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path):
+    """Train a byte-level BPE tokenizer (GPT-2 style, one special token ``<|endoftext|>``) and save it
+    with ``save_pretrained`` in ``out_dir``. Returns the ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 300:
+        raise CcexpError(f"model.tokenizer.vocab_size={vocab_size} is too small for a byte-level BPE (>= 300)")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(texts, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=EOS, eos_token=EOS, unk_token=EOS, pad_token=EOS)
+    tok.save_pretrained(str(out_dir))
+    return tok
+
+
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer saved with ``save_pretrained`` (local files only, no hub access).
+
+    Raises:
+        CcexpError: if nothing loadable is at ``path``.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise CcexpError(f"no tokenizer at {str(path)!r} ({str(e).splitlines()[0][:120]}); give a local "
+                         "model directory (ccexp never downloads at run time)") from None
+    if tok.eos_token_id is None:
+        raise CcexpError(f"the tokenizer at {path} has no EOS token; ccexp separates packed documents with EOS")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def encode_corpus(tok, texts: list[str], batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize every document (no special tokens).
+
+    Returns:
+        ``tokens`` int32[T] (all documents concatenated) and ``offsets`` int64[N+1] such that
+        document d is ``tokens[offsets[d]:offsets[d+1]]``.
+    """
+    pieces: list[np.ndarray] = []
+    lengths = np.zeros(len(texts), dtype=np.int64)
+    for start in range(0, len(texts), batch):
+        enc = tok(texts[start:start + batch], add_special_tokens=False)["input_ids"]
+        for k, ids in enumerate(enc):
+            lengths[start + k] = len(ids)
+        pieces.append(np.fromiter((t for ids in enc for t in ids), dtype=np.int32))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    return tokens, offsets

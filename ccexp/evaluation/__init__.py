@@ -1,0 +1,1 @@
+"""Evaluation: held-out perplexity overall, per cluster and per label."""

@@ -1,0 +1,121 @@
+"""One ccexp run, top to bottom: corpus -> embed -> cluster -> tokenize -> sample + train -> evaluate -> MLflow.
+
+The preprocessing stages are cached by content (:mod:`ccexp.stages`), so a sweep over samplers or
+models embeds and clusters once.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from ccexp import stages
+from ccexp.artifacts import StageStore
+from ccexp.build import check_buildable
+from ccexp.data.tokenize import load_tokenizer
+from ccexp.evaluation.perplexity import document_nll, summarize
+from ccexp.tracking.mlflow_run import flatten, make_logger, run_name
+from ccexp.training import runner
+
+log = logging.getLogger("ccexp")
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+    """Run the experiment described by ``cfg``; return the evaluation metrics (rank 0)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import lightning as L
+
+    for name in ("lightning.pytorch", "lightning.fabric"):  # print once, through Hydra's handlers
+        logging.getLogger(name).handlers.clear()
+
+    t_start = time.perf_counter()
+    for group in ("embedder", "clusterer", "sampler", "model"):  # fail on a bad option before any work
+        check_buildable(cfg[group], group)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    outputs = Path(cfg.paths.outputs).resolve()
+    store = StageStore(Path(cfg.paths.cache).resolve())
+
+    # 1. preprocessing (cached)
+    corpus_stage = stages.run_corpus(cfg, store)
+    embed_stage = stages.run_embed(cfg, store, corpus_stage)
+    cluster_stage = stages.run_cluster(cfg, store, corpus_stage, embed_stage)
+    tokenize_stage = stages.run_tokenize(cfg, store, corpus_stage)
+    corpus = stages.load_corpus(corpus_stage)
+    labels = np.load(cluster_stage.path / "labels.npy")
+    sizes = np.load(cluster_stage.path / "sizes.npy")
+    tokens = np.load(tokenize_stage.path / "tokens.npy", mmap_mode="r")
+    offsets = np.load(tokenize_stage.path / "offsets.npy")
+    tok = load_tokenizer(tokenize_stage.path / "tokenizer")
+    train_docs = np.flatnonzero(~corpus.heldout)
+    heldout_docs = np.flatnonzero(corpus.heldout)
+
+    # 2. sampler, model, training
+    sampler = runner.make_sampler(cfg, labels[train_docs], sizes)
+    model = runner.make_model(cfg, tok)
+    logger = make_logger(cfg, outputs, tags={"sampler": cfg.sampler.name, "model": cfg.model.name,
+                                             "data": cfg.data.name, "run_dir": str(run_dir)})
+    if logger is not None:
+        logger.log_hyperparams(flatten(cfg))
+        log.info("mlflow: run %r (%s) in %s", run_name(cfg), logger.run_id, logger._tracking_uri)
+    t_train = time.perf_counter()
+    trainer, module = runner.fit(cfg, run_dir=run_dir, logger=logger, sampler=sampler, model=model,
+                                 datamodule_args=dict(train_docs=train_docs, tokens=tokens, offsets=offsets,
+                                                      doc_clusters=labels, eos_id=tok.eos_token_id,
+                                                      pad_id=tok.pad_token_id))
+    train_seconds = time.perf_counter() - t_train
+    if not trainer.is_global_zero:
+        return {}
+
+    # 3. held-out evaluation
+    t_eval = time.perf_counter()
+    nll, ntok = document_nll(module.model, tokens, offsets, heldout_docs, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                             max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size, device=module.device)
+    report = summarize(nll, ntok, labels[heldout_docs], int(sizes.size),
+                       {k: [v[i] for i in heldout_docs] for k, v in corpus.labels.items()})
+    eval_seconds = time.perf_counter() - t_eval
+    metrics = report.metrics
+    log.info("eval: held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d) over %d docs / %d tokens",
+             metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"], int(metrics["ppl_worst_cluster"]),
+             int(metrics["heldout_documents"]), int(metrics["heldout_tokens"]))
+
+    # 4. tracking
+    tables = run_dir / "tables"
+    tables.mkdir(exist_ok=True)
+    exposure = sampler.exposure()
+    with open(tables / "clusters.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["cluster", "train_size", "exposure", "train_loss_tokens", "train_loss_mean",
+                    "heldout_docs", "heldout_tokens", "heldout_ppl"])
+        loss_sum, loss_tok = module.cluster_loss_sum.cpu().numpy(), module.cluster_tokens.cpu().numpy()
+        for c in range(int(sizes.size)):
+            w.writerow([c, int(sizes[c]), int(exposure[c]), int(loss_tok[c]),
+                        f"{loss_sum[c] / loss_tok[c]:.5f}" if loss_tok[c] else "",
+                        int(report.per_cluster["documents"][c]), int(report.per_cluster["tokens"][c]),
+                        f"{report.per_cluster['ppl'][c]:.4f}" if report.per_cluster["tokens"][c] else ""])
+    OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
+    total_seconds = time.perf_counter() - t_start
+    timing = {f"time/{s.stage}_seconds": s.seconds for s in (corpus_stage, embed_stage, cluster_stage, tokenize_stage)}
+    timing.update({f"cache/{s.stage}_reused": float(s.reused)
+                   for s in (corpus_stage, embed_stage, cluster_stage, tokenize_stage)})
+    timing.update({"time/train_seconds": train_seconds, "time/eval_seconds": eval_seconds,
+                   "time/total_seconds": total_seconds, "train/tokens_per_s": module.tokens_seen / train_seconds})
+    if logger is not None:
+        client, run_id = logger.experiment, logger.run_id
+        keep = {k: v for k, v in metrics.items()
+                if not k.startswith("ppl_cluster/") or sizes.size <= cfg.eval.max_cluster_metrics}
+        logger.log_metrics({**{f"eval/{k}": v for k, v in keep.items()}, **timing}, step=cfg.train.steps)
+        client.log_artifact(run_id, str(run_dir / "resolved_config.yaml"))
+        client.log_artifact(run_id, str(tables / "clusters.csv"), "tables")
+        client.set_tag(run_id, "fingerprints", ",".join(f"{s.stage}={s.fingerprint}" for s in
+                                                         (corpus_stage, embed_stage, cluster_stage, tokenize_stage)))
+        logger.finalize("success")
+    log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s", run_name(cfg), total_seconds,
+             train_seconds, module.tokens_seen / train_seconds, run_dir)
+    return metrics

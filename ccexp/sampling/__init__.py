@@ -1,0 +1,11 @@
+"""Sampling policies: each yields the global batch of document indices for every optimizer step.
+
+One module per policy; see ``SAMPLING.md`` for the contract and :mod:`ccexp.sampling.base` for the
+protocol.
+"""
+from ccexp.sampling.base import Sampler, rank_slice
+from ccexp.sampling.clusterclip import ClusterClipSampler
+from ccexp.sampling.random import RandomSampler
+from ccexp.sampling.uniform import UniformSampler
+
+__all__ = ["Sampler", "rank_slice", "RandomSampler", "UniformSampler", "ClusterClipSampler"]

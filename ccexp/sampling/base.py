@@ -1,0 +1,134 @@
+"""The sampler protocol shared by every policy (DESIGN.md, "Sampler protocol").
+
+A policy owns the data order. For optimizer step ``t`` it returns the *global* batch of
+``B = global_batch_size`` document indices; rank ``r`` of ``W`` data-parallel ranks trains on the
+contiguous slice ``[r·B/W, (r+1)·B/W)`` (:func:`rank_slice`). The global stream therefore does not
+depend on the world size, and the per-cluster exposure is known exactly.
+
+Indices refer to the sampler's own document set (ccexp passes the training split), and
+``labels[i]`` is document ``i``'s cluster.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from ccexp.errors import CcexpError
+
+
+def rank_slice(batch: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank ``rank``'s contiguous share of a global batch (``len(batch)`` divisible by ``world_size``)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    if len(batch) % world_size:
+        raise CcexpError(f"train.global_batch_size={len(batch)} is not divisible by the world size "
+                         f"{world_size}; choose a multiple of {world_size}")
+    per = len(batch) // world_size
+    return batch[rank * per:(rank + 1) * per]
+
+
+class Sampler(ABC):
+    """Base class of the sampling policies.
+
+    Args:
+        labels: int32[N] cluster id of each document, in ``[0, K)``.
+        sizes: int64[K] cluster sizes; must equal ``bincount(labels, minlength=K)``.
+        global_batch_size: B, documents per optimizer step (all ranks together), ``>= 1``.
+        seed: the stream is a deterministic function of ``(seed, step, state)``.
+        total_steps: the run's length in steps, when known (policies with a finite budget check it).
+
+    Raises:
+        CcexpError: on empty input, labels outside ``[0, K)``, sizes that do not match the labels,
+            or a non-positive batch size.
+    """
+
+    name = "base"
+
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
+                 total_steps: int | None = None):
+        labels = np.ascontiguousarray(labels, dtype=np.int32)
+        sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        if labels.ndim != 1 or labels.size == 0:
+            raise CcexpError("sampler: labels must be a non-empty 1-D array of cluster ids")
+        if sizes.ndim != 1 or sizes.size == 0:
+            raise CcexpError("sampler: sizes must be a non-empty 1-D array (one entry per cluster)")
+        if labels.min() < 0 or labels.max() >= sizes.size:
+            raise CcexpError(f"sampler: cluster ids must lie in [0, {sizes.size}); got "
+                             f"[{labels.min()}, {labels.max()}]")
+        if not np.array_equal(np.bincount(labels, minlength=sizes.size), sizes):
+            raise CcexpError("sampler: sizes do not match bincount(labels); pass the clustering's sizes")
+        if int(global_batch_size) < 1:
+            raise CcexpError(f"train.global_batch_size must be >= 1, got {global_batch_size}")
+        self.labels = labels
+        self.sizes = sizes
+        self.num_clusters = int(sizes.size)
+        self.num_documents = int(labels.size)
+        self.global_batch_size = int(global_batch_size)
+        self.seed = int(seed)
+        self.total_steps = None if total_steps is None else int(total_steps)
+        self._step = 0
+        self._exposure = np.zeros(self.num_clusters, dtype=np.int64)
+
+    # -- the protocol -------------------------------------------------------------------------
+    def next_global_batch(self, step: int) -> np.ndarray:
+        """Document indices (int64[B]) for optimizer step ``step``; steps must come in order.
+
+        Raises:
+            ValueError: if ``step`` is not the next step (resume with :meth:`load_state_dict`).
+        """
+        if step != self._step:
+            raise ValueError(f"{self.name} sampler is at step {self._step}, asked for step {step}; "
+                             "restore its state_dict to resume elsewhere")
+        docs = self._draw(step)
+        self._step += 1
+        return docs
+
+    @abstractmethod
+    def _draw(self, step: int) -> np.ndarray:
+        """Return int64[B] document indices for ``step`` and update the exposure counters."""
+
+    def observe(self, step: int, cluster_loss: np.ndarray, cluster_tokens: np.ndarray) -> None:
+        """Per-cluster training signal (float[K] summed token loss, int64[K] tokens); unused here."""
+
+    def exposure(self) -> np.ndarray:
+        """int64[K]: documents drawn from each cluster so far."""
+        return self._exposure.copy()
+
+    @abstractmethod
+    def max_repetition(self) -> int:
+        """The largest number of times any single document has been drawn so far."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.name, "seed": self.seed, "step": self._step,
+                "exposure": self._exposure.copy(), "num_documents": self.num_documents}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("policy") != self.name:
+            raise CcexpError(f"sampler state is for policy {state.get('policy')!r}, not {self.name!r}")
+        if int(state["num_documents"]) != self.num_documents or len(state["exposure"]) != self.num_clusters:
+            raise CcexpError("sampler state was saved for a different corpus or clustering")
+        self.seed = int(state["seed"])
+        self._step = int(state["step"])
+        self._exposure = np.asarray(state["exposure"], dtype=np.int64).copy()
+
+    # -- telemetry (SAMPLING.md, "Reporting, for every policy") --------------------------------
+    def active_clusters(self) -> int:
+        """Clusters that can still be drawn (all non-empty clusters unless the policy clips)."""
+        return int(np.count_nonzero(self.sizes))
+
+    def telemetry(self) -> dict[str, float]:
+        """Exposure statistics: clusters still active, max and mean repetition, entropy (nats) of
+        the sampled cluster mix, and its KL divergence (nats) to the corpus mix and to uniform."""
+        drawn = self._exposure.sum()
+        out = {"active_clusters": float(self.active_clusters()), "max_repetition": float(self.max_repetition()),
+               "mean_repetition": float(drawn / self.num_documents)}
+        if drawn:
+            q = self._exposure / drawn
+            nz = q > 0
+            corpus = self.sizes / self.sizes.sum()
+            out["mix_entropy"] = float(-(q[nz] * np.log(q[nz])).sum())
+            out["kl_to_corpus"] = float((q[nz] * np.log(q[nz] / corpus[nz])).sum())
+            out["kl_to_uniform"] = float((q[nz] * np.log(q[nz] * np.count_nonzero(self.sizes))).sum())
+        return out

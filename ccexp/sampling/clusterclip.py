@@ -1,0 +1,143 @@
+"""``clusterclip``: ClusterClip sampling (Shao et al., "Balanced Data Sampling for Language Model
+Training with Clustering", ACL Findings 2024, arXiv 2402.14526, §3 and Figure 1).
+
+Algorithm (SAMPLING.md, "clusterclip"):
+
+1. Sample clusters uniformly and documents uniformly within a cluster (:class:`UniformSampler`).
+2. **Repetition clip**: a document drawn ``M = clip_threshold`` times leaves the pool. Draws inside
+   a cluster are passes over a permutation, so "every document of cluster c was drawn M times" is
+   "cluster c finished M passes": cluster c may take ``M · n_c`` draws in all, and the state stays
+   O(K) (exposure counters), not a per-document counter.
+3. A cluster whose documents have all left is never drawn again. What remains is sampled
+   ``after_clip``:
+
+   * ``uniform`` (default, the reading of Fig. 1): uniformly over the clusters still active;
+   * ``proportional``: once the first cluster is clipped, i.i.d. over clusters with probability
+     proportional to the documents each has left.
+
+4. If every cluster is exhausted before the budget is spent: ``on_exhausted=error`` stops with a
+   message giving the largest possible budget (``M · N`` draws), checked up front when the number
+   of steps is known; ``reset`` sets the repetition counts back to zero and starts again.
+
+Invariants (tested in ``tests/test_sampling_properties.py``): no document is drawn more than ``M``
+times between resets; while every cluster is active frequencies are ``1/K`` (per round); a clipped
+cluster never reappears; with ``M >= D`` the stream equals ``uniform``'s for the same seed; and the
+Fig. 1 toy (A=5, B=1, C=3 documents, 3 per batch, M=2) shows B exactly twice, in batches 1 and 2.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ccexp.errors import CcexpError
+from ccexp.sampling.uniform import UniformSampler
+
+_PROPORTIONAL_STREAM = 0x50524F50  # "PROP"
+
+
+class ClusterClipSampler(UniformSampler):
+    """Uniform cluster sampling with a per-document repetition clip.
+
+    Args:
+        labels, sizes, global_batch_size, seed: see :class:`ccexp.sampling.base.Sampler`.
+        clip_threshold: M >= 1, the most times a document may be drawn (between resets).
+        after_clip: ``"uniform"`` or ``"proportional"`` (see the module docstring).
+        on_exhausted: ``"error"`` or ``"reset"``.
+        total_steps: the run's length in steps, if known; with ``on_exhausted="error"`` a budget
+            larger than ``M · N`` draws is rejected here, before any training.
+
+    Raises:
+        CcexpError: for an invalid option or a budget the clip cannot supply.
+    """
+
+    name = "clusterclip"
+
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
+                 clip_threshold: int = 5, after_clip: str = "uniform", on_exhausted: str = "error",
+                 total_steps: int | None = None):
+        super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps)
+        if int(clip_threshold) < 1:
+            raise CcexpError(f"sampler.clip_threshold must be an integer >= 1, got {clip_threshold}")
+        if after_clip not in ("uniform", "proportional"):
+            raise CcexpError(f"sampler.after_clip={after_clip!r} is not an option; use 'uniform' or 'proportional'")
+        if on_exhausted not in ("error", "reset"):
+            raise CcexpError(f"sampler.on_exhausted={on_exhausted!r} is not an option; use 'error' or 'reset'")
+        self.clip_threshold = int(clip_threshold)
+        self.after_clip = after_clip
+        self.on_exhausted = on_exhausted
+        self._resets = 0
+        if self.total_steps is not None and on_exhausted == "error":
+            budget = self.total_steps * self.global_batch_size
+            if budget > self.max_draws:
+                raise CcexpError(self._exhausted_message(budget))
+
+    @property
+    def max_draws(self) -> int:
+        """The most documents the clip allows between resets: ``M · N``."""
+        return self.clip_threshold * self.num_documents
+
+    def _exhausted_message(self, budget: int | None = None) -> str:
+        need = f"the run needs {budget:,} draws; " if budget else "every cluster is exhausted; "
+        return (f"sampler.clip_threshold={self.clip_threshold} allows at most {self.max_draws:,} document draws "
+                f"({self.max_draws // self.global_batch_size:,} steps of {self.global_batch_size}) on "
+                f"{self.num_documents:,} documents; {need}raise sampler.clip_threshold, lower train.steps, "
+                f"or set sampler.on_exhausted=reset")
+
+    def _limit(self) -> np.ndarray:
+        return (self._resets + 1) * self.clip_threshold * self.sizes
+
+    def _quota(self, pending: np.ndarray) -> np.ndarray:
+        return self._limit() - self._exposure - pending
+
+    def _on_no_active_cluster(self) -> None:
+        if self.on_exhausted == "error":
+            raise CcexpError(self._exhausted_message())
+        self._resets += 1
+
+    def active_clusters(self) -> int:
+        return int(np.count_nonzero(self._quota(np.zeros_like(self._exposure)) > 0))
+
+    def documents_left(self) -> np.ndarray:
+        """int64[K]: documents of each cluster not yet drawn M times (since the last reset)."""
+        drawn = self._exposure - self._resets * self.clip_threshold * self.sizes
+        clipped = np.clip(drawn - (self.clip_threshold - 1) * self.sizes, 0, self.sizes)
+        return self.sizes - clipped
+
+    def _draw(self, step: int) -> np.ndarray:
+        quota = self._quota(np.zeros_like(self._exposure))
+        clipped_any = bool(np.any((quota == 0) & (self.sizes > 0)))
+        if self.after_clip == "uniform" or not clipped_any:
+            return super()._draw(step)
+        return self._documents_for(self._proportional_clusters(step))
+
+    def _proportional_clusters(self, step: int) -> np.ndarray:
+        """B clusters drawn i.i.d. with probability proportional to documents left, within quota."""
+        rng = np.random.default_rng([self.seed, _PROPORTIONAL_STREAM, step])
+        counts = np.zeros(self.num_clusters, dtype=np.int64)
+        need = self.global_batch_size
+        while need:
+            quota = self._quota(counts)
+            left = np.where(quota > 0, self.documents_left(), 0).astype(np.float64)
+            if left.sum() == 0:
+                self._on_no_active_cluster()
+                continue
+            extra = np.minimum(rng.multinomial(need, left / left.sum()), quota.clip(min=0))
+            counts += extra
+            need -= int(extra.sum())
+        return rng.permutation(np.repeat(np.arange(self.num_clusters), counts))
+
+    def max_repetition(self) -> int:
+        drawn = self._exposure - self._resets * self.clip_threshold * self.sizes
+        nz = self.sizes > 0
+        return int((-(-np.maximum(drawn[nz], 0) // self.sizes[nz])).max(initial=0))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "resets": self._resets, "clip_threshold": self.clip_threshold}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state.get("clip_threshold", self.clip_threshold)) != self.clip_threshold:
+            raise CcexpError(f"sampler state was saved with clip_threshold={state['clip_threshold']}, "
+                             f"this run has {self.clip_threshold}")
+        super().load_state_dict(state)
+        self._resets = int(state["resets"])

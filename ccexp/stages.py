@@ -1,0 +1,165 @@
+"""The cached preprocessing stages: corpus -> embed -> cluster, and tokenize.
+
+Each stage's output lives in ``<paths.cache>/<stage>/<fingerprint>/`` (:mod:`ccexp.artifacts`); a
+run whose stage config and inputs are unchanged reuses it and logs ``reused=True``. Each stage
+logs one line with its figures.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from ccexp.artifacts import StageStore, file_digest, fingerprint
+from ccexp.build import build
+from ccexp.data.corpus import BUILTIN_PATH, Corpus, read_corpus, split_heldout
+
+log = logging.getLogger("ccexp")
+
+# bump a stage's version when its output format or algorithm changes
+VERSIONS = {"corpus": 1, "embed": 1, "cluster": 1, "tokenize": 1}
+
+
+@dataclass
+class StageResult:
+    stage: str
+    path: Path
+    fingerprint: str
+    reused: bool
+    seconds: float
+    figures: dict = field(default_factory=dict)
+
+
+def _config(node: DictConfig, drop: tuple[str, ...] = ()) -> dict:
+    cfg = OmegaConf.to_container(node, resolve=True)
+    return {k: v for k, v in cfg.items() if k not in drop}
+
+
+def _run_stage(store: StageStore, stage: str, fp: str, produce, describe) -> StageResult:
+    """Reuse ``<stage>/<fp>`` if done, else call ``produce(tmp_dir) -> meta dict`` and publish it."""
+    t0 = time.perf_counter()
+    reused = store.is_done(stage, fp)
+    if not reused:
+        with store.publish(stage, fp) as tmp:
+            meta = produce(tmp)
+            (tmp / "figures.json").write_text(json.dumps(meta, indent=2, default=str))
+    path = store.path(stage, fp)
+    figures = json.loads((path / "figures.json").read_text())
+    seconds = time.perf_counter() - t0
+    log.info("%s: %s, reused=%s, %.1f s, fingerprint %s", stage, describe(figures), reused, seconds, fp[:6])
+    return StageResult(stage, path, fp, reused, seconds, figures)
+
+
+# -- corpus ---------------------------------------------------------------------------------------
+def corpus_path(cfg: DictConfig) -> Path:
+    return BUILTIN_PATH if cfg.data.path == "builtin" else Path(cfg.data.path).expanduser().resolve()
+
+
+def run_corpus(cfg: DictConfig, store: StageStore) -> StageResult:
+    """Read, validate and split the corpus; store it as Parquet (id, text, heldout, labels)."""
+    src = corpus_path(cfg)
+    read_corpus_args = dict(format=cfg.data.format, text_field=cfg.data.text_field, id_field=cfg.data.id_field,
+                            label_fields=list(cfg.data.label_fields), drop_empty=cfg.data.drop_empty,
+                            max_documents=cfg.data.max_documents)
+    if not src.is_file():
+        read_corpus(src, **read_corpus_args)  # raises the one-line "does not exist" error
+    fp = fingerprint("corpus", VERSIONS["corpus"], {**_config(cfg.data, ("name", "path")), "file": file_digest(src)})
+
+    def produce(tmp: Path) -> dict:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        corpus = read_corpus(src, **read_corpus_args)
+        heldout = split_heldout(corpus.ids, cfg.data.heldout_fraction)
+        table = pa.table({"id": corpus.ids, "text": corpus.texts, "heldout": heldout,
+                          **{f"label.{k}": v for k, v in corpus.labels.items()}})
+        pq.write_table(table, tmp / "corpus.parquet")
+        return {"documents": len(corpus), "heldout": int(heldout.sum()), "source": str(src),
+                "label_fields": list(corpus.labels)}
+
+    return _run_stage(store, "corpus", fp, produce,
+                      lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) from {Path(f['source']).name}")
+
+
+def load_corpus(result: StageResult) -> Corpus:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(result.path / "corpus.parquet").to_pydict()
+    labels = {k[len("label."):]: v for k, v in table.items() if k.startswith("label.")}
+    return Corpus(table["id"], table["text"], labels, np.asarray(table["heldout"], dtype=bool))
+
+
+# -- embed ----------------------------------------------------------------------------------------
+def run_embed(cfg: DictConfig, store: StageStore, corpus: StageResult) -> StageResult:
+    """Embed every document (float32[N, d], L2-normalised) into ``embeddings.npy``."""
+    fp = fingerprint("embed", VERSIONS["embed"], _config(cfg.embedder, ("name", "device", "batch_size", "chunk_size")),
+                     {"corpus": corpus.fingerprint})
+
+    def produce(tmp: Path) -> dict:
+        texts = load_corpus(corpus).texts
+        embedder = build(cfg.embedder, "embedder")
+        t0 = time.perf_counter()
+        emb = embedder.embed(texts, tmp / "embeddings.npy")
+        secs = time.perf_counter() - t0
+        return {"documents": emb.shape[0], "dim": emb.shape[1], "seconds": secs, "docs_per_s": emb.shape[0] / secs}
+
+    return _run_stage(store, "embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
+                      f"{f['docs_per_s']:.0f} docs/s when computed")
+
+
+# -- cluster --------------------------------------------------------------------------------------
+def run_cluster(cfg: DictConfig, store: StageStore, corpus: StageResult, embed: StageResult) -> StageResult:
+    """k-means on the training documents' embeddings; labels for every document."""
+    fp = fingerprint("cluster", VERSIONS["cluster"], _config(cfg.clusterer, ("name", "verbose", "assign_batch")),
+                     {"embed": embed.fingerprint, "corpus": corpus.fingerprint})
+
+    def produce(tmp: Path) -> dict:
+        heldout = load_corpus(corpus).heldout
+        emb = np.load(embed.path / "embeddings.npy", mmap_mode="r")
+        result = build(cfg.clusterer, "clusterer").fit(emb, ~heldout)
+        for name in ("labels", "centroids", "sizes", "similarity"):
+            np.save(tmp / f"{name}.npy", getattr(result, name))
+        sizes = result.sizes
+        return {"k": int(sizes.size), "train_points": result.train_points, "objective": result.objective,
+                "largest": int(sizes.max()), "smallest": int(sizes.min()), "empty": int((sizes == 0).sum())}
+
+    return _run_stage(store, "cluster", fp, produce, lambda f: f"K={f['k']}, trained on {f['train_points']:,} points, "
+                      f"sizes {f['smallest']}..{f['largest']} ({f['empty']} empty)")
+
+
+# -- tokenize -------------------------------------------------------------------------------------
+def run_tokenize(cfg: DictConfig, store: StageStore, corpus: StageResult) -> StageResult:
+    """Train (or load) the tokenizer and tokenize every document into ``tokens.npy``/``offsets.npy``."""
+    from ccexp.data.tokenize import encode_corpus, load_tokenizer, train_bpe_tokenizer
+
+    tcfg = cfg.model.tokenizer
+    source = tcfg.path or OmegaConf.select(cfg, "model.pretrained")
+    if tcfg.kind == "bpe":
+        key = {"kind": "bpe", "vocab_size": tcfg.vocab_size}
+    elif tcfg.kind == "pretrained":
+        key = {"kind": "pretrained", "path": source}
+    else:
+        from ccexp.errors import CcexpError
+        raise CcexpError(f"model.tokenizer.kind={tcfg.kind!r} is not an option; use bpe or pretrained")
+    fp = fingerprint("tokenize", VERSIONS["tokenize"], key, {"corpus": corpus.fingerprint})
+
+    def produce(tmp: Path) -> dict:
+        c = load_corpus(corpus)
+        if tcfg.kind == "bpe":
+            train_texts = [t for t, h in zip(c.texts, c.heldout) if not h]
+            tok = train_bpe_tokenizer(train_texts, tcfg.vocab_size, tmp / "tokenizer")
+        else:
+            tok = load_tokenizer(source)
+            tok.save_pretrained(str(tmp / "tokenizer"))
+        tokens, offsets = encode_corpus(tok, c.texts)
+        np.save(tmp / "tokens.npy", tokens)
+        np.save(tmp / "offsets.npy", offsets)
+        return {"documents": len(c.texts), "tokens": int(tokens.size), "vocab_size": len(tok)}
+
+    return _run_stage(store, "tokenize", fp, produce,
+                      lambda f: f"{f['tokens']:,} tokens in {f['documents']:,} docs, vocab {f['vocab_size']:,}")

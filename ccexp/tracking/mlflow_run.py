@@ -1,0 +1,62 @@
+"""MLflow tracking on a SQLite store (never the deprecated file store).
+
+The store is ``<outputs>/mlflow.db`` and artifacts go to ``<outputs>/mlartifacts`` by default, both
+absolute, so runs launched from any folder land in one place and compare in one UI
+(``mlflow ui --backend-store-uri sqlite:///<outputs>/mlflow.db``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("ccexp")
+
+
+def tracking_uri(uri: str | None, outputs: Path) -> str:
+    """``None``/empty -> ``sqlite:///<outputs>/mlflow.db``; a relative sqlite path is made absolute."""
+    if not uri:
+        return f"sqlite:///{(outputs / 'mlflow.db').resolve()}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    return uri
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """Flatten a nested config into ``a.b.c -> str(value)`` params (MLflow's 6,000-char value limit)."""
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    out: dict[str, str] = {}
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        else:
+            out[key] = str(node)[:6000]
+
+    walk(container, prefix)
+    return out
+
+
+def run_name(cfg: DictConfig) -> str:
+    """A readable run name: ``<recipe|data>-<model>-<sampler>-k<K>-s<seed>`` (never MLflow's random one,
+    which repeats after a fixed seed)."""
+    data = OmegaConf.select(cfg, "recipe_name") or cfg.data.name
+    return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cfg.clusterer.k}-s{cfg.seed}"
+
+
+def make_logger(cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = None):
+    """Lightning's ``MLFlowLogger`` on the configured store, or None when ``logger.enabled`` is false."""
+    if not cfg.logger.enabled:
+        return None
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    uri = tracking_uri(cfg.logger.tracking_uri, outputs)
+    artifacts = Path(cfg.logger.artifact_location or outputs / "mlartifacts").resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    os.environ.pop("MLFLOW_RUN_ID", None)  # a stale id in the environment would hijack the run
+    return MLFlowLogger(experiment_name=cfg.logger.experiment, run_name=run_name(cfg), tracking_uri=uri,
+                        artifact_location=artifacts.as_uri(), tags=tags or {}, log_model=False)

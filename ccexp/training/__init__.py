@@ -1,0 +1,1 @@
+"""Lightning training: models, the sampler-driven data module and the LightningModule."""

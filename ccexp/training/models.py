@@ -1,0 +1,43 @@
+"""Model builders: a small GPT trained from scratch, or a local Hugging Face causal LM."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ccexp.errors import CcexpError
+
+
+def tiny_gpt(vocab_size: int, eos_id: int, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
+             n_positions: int = 256, dropout: float = 0.0):
+    """A GPT-2 architecture (``transformers.GPT2LMHeadModel``) with random initialisation."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if n_embd % n_head:
+        raise CcexpError(f"model.n_embd={n_embd} must be divisible by model.n_head={n_head}")
+    cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                     bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    return GPT2LMHeadModel(cfg)
+
+
+def hf_causal_lm(pretrained: str, dtype: str = "float32", gradient_checkpointing: bool = False,
+                 vocab_size: int | None = None, eos_id: int | None = None):
+    """Load a causal LM from a local folder or the local Hugging Face cache (never downloads).
+
+    ``vocab_size`` and ``eos_id`` (from the tokenizer stage) are accepted for a uniform call and unused.
+
+    Raises:
+        CcexpError: if the model is not available locally.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=getattr(torch, dtype), local_files_only=True)
+    except (OSError, ValueError) as e:
+        where = "folder" if Path(pretrained).expanduser().exists() else "model id (not in the local HF cache)"
+        raise CcexpError(f"model.pretrained={pretrained!r}: cannot load this {where} offline "
+                         f"({str(e).splitlines()[0][:100]}); download it beforehand (e.g. `huggingface-cli download "
+                         f"{pretrained}`) or give a local folder") from None
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model

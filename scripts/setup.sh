@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install ccexp with everything it needs (idempotent).
+# On a machine without an NVIDIA GPU, torch is pinned to the CPU build (torch==2.13.0) first,
+# so that no dependency pulls a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+if ! "$VPY" -c "import ccexp, torch, faiss, lm_eval, mlflow, hypothesis" >/dev/null 2>&1 \
+   || [ pyproject.toml -nt .venv/.ccexp-installed ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    "$VPY" -m pip install --quiet "torch>=2.4,<2.15"
+  else
+    "$VPY" -m pip install --quiet "torch==2.13.0" \
+      || "$VPY" -m pip install --quiet "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+  fi
+  "$VPY" -m pip install --quiet -e ".[dev]"
+  touch .venv/.ccexp-installed
+fi
+echo "setup: $("$VPY" -c 'import torch, ccexp; print(f"ccexp {ccexp.__version__}, torch {torch.__version__}")') in .venv"

@@ -1,0 +1,243 @@
+"""Property tests (hypothesis) of every invariant in SAMPLING.md for random, uniform and clusterclip."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ccexp.errors import CcexpError
+from ccexp.sampling import ClusterClipSampler, RandomSampler, UniformSampler, rank_slice
+from ccexp.sampling.permutation import derive_keys, permute
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+@st.composite
+def clustered(draw, max_k=8, max_n=12):
+    """Cluster sizes (some possibly empty), labels in shuffled order, batch size and seed."""
+    sizes = np.array(draw(st.lists(st.integers(0, max_n), min_size=1, max_size=max_k)), dtype=np.int64)
+    if sizes.sum() == 0:
+        sizes[0] = 1
+    labels = np.repeat(np.arange(sizes.size), sizes).astype(np.int32)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    labels = labels[rng.permutation(labels.size)]
+    batch = draw(st.integers(1, 3 * sizes.size))
+    return labels, sizes, batch, draw(st.integers(0, 2**31))
+
+
+def stream(sampler, steps):
+    return np.stack([sampler.next_global_batch(t) for t in range(steps)])
+
+
+@SETTINGS
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**40))
+def test_permutation_is_a_bijection(n, seed):
+    p = permute(np.arange(n), n, derive_keys(seed, 1))
+    assert np.array_equal(np.sort(p), np.arange(n))
+
+
+# -- random -----------------------------------------------------------------------------------------
+@SETTINGS
+@given(clustered())
+def test_random_every_document_once_per_epoch(data):
+    labels, sizes, batch, seed = data
+    n = labels.size
+    s = RandomSampler(labels, sizes, global_batch_size=batch, seed=seed)
+    flat = stream(s, -(-3 * n // batch)).ravel()[: 3 * n]
+    for epoch in range(3):
+        assert np.array_equal(np.sort(flat[epoch * n:(epoch + 1) * n]), np.arange(n))
+    assert s.max_repetition() == -(-s.exposure().sum() // n)
+
+
+def test_random_cluster_frequencies_follow_sizes():
+    sizes = np.array([500, 50, 5], dtype=np.int64)
+    labels = np.repeat(np.arange(3), sizes).astype(np.int32)
+    s = RandomSampler(labels, sizes, global_batch_size=111, seed=3)
+    stream(s, 555 // 111 * 10)  # exactly 10 epochs
+    assert np.array_equal(s.exposure(), sizes * 10)
+
+
+# -- uniform ----------------------------------------------------------------------------------------
+@SETTINGS
+@given(clustered(), st.integers(1, 40))
+def test_uniform_cluster_counts_balanced_regardless_of_size(data, steps):
+    labels, sizes, batch, seed = data
+    s = UniformSampler(labels, sizes, global_batch_size=batch, seed=seed)
+    docs = stream(s, steps).ravel()
+    counts = np.bincount(labels[docs], minlength=sizes.size)
+    assert counts[sizes == 0].sum() == 0
+    nz = counts[sizes > 0]
+    assert nz.max() - nz.min() <= 1  # each round visits every cluster once
+    assert np.array_equal(counts, s.exposure())
+
+
+@SETTINGS
+@given(clustered(), st.integers(1, 40))
+def test_uniform_repetitions_within_a_cluster_differ_by_at_most_one(data, steps):
+    labels, sizes, batch, seed = data
+    s = UniformSampler(labels, sizes, global_batch_size=batch, seed=seed)
+    reps = np.bincount(stream(s, steps).ravel(), minlength=labels.size)
+    for c in np.flatnonzero(sizes):
+        r = reps[labels == c]
+        assert r.max() - r.min() <= 1
+    assert s.max_repetition() == reps.max()
+
+
+def test_uniform_expected_repetitions_are_D_over_K_nc():
+    sizes = np.array([400, 40, 4], dtype=np.int64)
+    labels = np.repeat(np.arange(3), sizes).astype(np.int32)
+    s = UniformSampler(labels, sizes, global_batch_size=30, seed=0)
+    reps = np.bincount(stream(s, 400).ravel(), minlength=labels.size)  # D = 12,000
+    for c, n in enumerate(sizes):
+        assert reps[labels == c].mean() == pytest.approx(12000 / (3 * n))
+
+
+# -- clusterclip -------------------------------------------------------------------------------------
+def test_clusterclip_figure1_toy():
+    """Paper Fig. 1: A=5, B=1, C=3 documents, 3 per batch, M=2 -> B's document appears exactly twice,
+    in the first two batches, and never after."""
+    sizes = np.array([5, 1, 3], dtype=np.int64)
+    labels = np.repeat(np.arange(3), sizes).astype(np.int32)
+    for seed in range(20):
+        s = ClusterClipSampler(labels, sizes, global_batch_size=3, seed=seed, clip_threshold=2, total_steps=6)
+        batches = stream(s, 6)
+        b_doc = 5
+        assert [(b == b_doc).sum() for b in batches] == [1, 1, 0, 0, 0, 0]
+        assert all(sorted(labels[b].tolist()) == [0, 1, 2] for b in batches[:2])
+
+
+@SETTINGS
+@given(clustered(), st.integers(1, 4), st.sampled_from(["uniform", "proportional"]))
+def test_clusterclip_never_exceeds_threshold_and_clipped_clusters_stay_out(data, m, after_clip):
+    labels, sizes, batch, seed = data
+    steps = m * labels.size // batch  # the whole budget the clip allows (rounded down)
+    s = ClusterClipSampler(labels, sizes, global_batch_size=batch, seed=seed, clip_threshold=m,
+                           after_clip=after_clip, total_steps=steps)
+    reps = np.zeros(labels.size, np.int64)
+    gone: set[int] = set()
+    for t in range(steps):
+        docs = s.next_global_batch(t)
+        assert not gone & set(labels[docs].tolist()), "a clipped cluster reappeared"
+        np.add.at(reps, docs, 1)
+        assert reps.max() <= m
+        gone |= {c for c in np.flatnonzero(sizes) if reps[labels == c].min() == m}
+        assert s.active_clusters() == np.count_nonzero(sizes) - len(gone)
+
+
+@SETTINGS
+@given(clustered(), st.integers(1, 30))
+def test_clusterclip_equals_uniform_when_threshold_exceeds_budget(data, steps):
+    labels, sizes, batch, seed = data
+    clip = ClusterClipSampler(labels, sizes, global_batch_size=batch, seed=seed, clip_threshold=steps * batch,
+                              total_steps=steps)
+    uni = UniformSampler(labels, sizes, global_batch_size=batch, seed=seed)
+    assert np.array_equal(stream(clip, steps), stream(uni, steps))
+
+
+@SETTINGS
+@given(clustered(), st.integers(1, 3))
+def test_clusterclip_frequencies_uniform_while_all_clusters_active(data, m):
+    labels, sizes, batch, seed = data
+    s = ClusterClipSampler(labels, sizes, global_batch_size=batch, seed=seed, clip_threshold=m)
+    drawn = []
+    t = 0
+    k_active = np.count_nonzero(sizes)
+    while (t + 1) * batch <= m * labels.size:
+        docs = s.next_global_batch(t)
+        if s.active_clusters() < k_active:
+            break
+        drawn.append(docs)
+        t += 1
+    if drawn:
+        counts = np.bincount(labels[np.concatenate(drawn)], minlength=sizes.size)[sizes > 0]
+        assert counts.max() - counts.min() <= 1
+
+
+def test_clusterclip_budget_error_names_the_largest_budget():
+    sizes = np.array([5, 1, 3], dtype=np.int64)
+    labels = np.repeat(np.arange(3), sizes).astype(np.int32)
+    with pytest.raises(CcexpError, match=r"at most 18 document draws \(6 steps of 3\)"):
+        ClusterClipSampler(labels, sizes, global_batch_size=3, clip_threshold=2, total_steps=7)
+    s = ClusterClipSampler(labels, sizes, global_batch_size=3, clip_threshold=2)  # budget unknown up front
+    stream(s, 6)
+    with pytest.raises(CcexpError, match="every cluster is exhausted"):
+        s.next_global_batch(6)
+
+
+def test_clusterclip_reset_starts_new_clip_periods():
+    sizes = np.array([5, 1, 3], dtype=np.int64)
+    labels = np.repeat(np.arange(3), sizes).astype(np.int32)
+    s = ClusterClipSampler(labels, sizes, global_batch_size=3, clip_threshold=2, on_exhausted="reset", total_steps=60)
+    docs = stream(s, 60).ravel()  # 10 full clip periods of 18 draws
+    for period in docs.reshape(10, 18):
+        assert np.array_equal(np.bincount(period, minlength=9), np.full(9, 2))
+
+
+@pytest.mark.parametrize("bad", [dict(clip_threshold=0), dict(after_clip="nope"), dict(on_exhausted="nope")])
+def test_clusterclip_rejects_bad_options(bad):
+    with pytest.raises(CcexpError):
+        ClusterClipSampler(np.zeros(3, np.int32), np.array([3]), global_batch_size=1, **bad)
+
+
+# -- every policy: determinism, resume, data parallelism -----------------------------------------
+POLICIES = [
+    (RandomSampler, {}),
+    (UniformSampler, {}),
+    (ClusterClipSampler, dict(clip_threshold=5)),
+    (ClusterClipSampler, dict(clip_threshold=2, after_clip="proportional", on_exhausted="reset")),
+]
+
+
+@pytest.mark.parametrize("cls,kw", POLICIES)
+def test_stream_is_deterministic_from_seed(cls, kw):
+    sizes = np.array([40, 7, 3, 0, 12], dtype=np.int64)
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
+    a = stream(cls(labels, sizes, global_batch_size=8, seed=5, **kw), 20)
+    b = stream(cls(labels, sizes, global_batch_size=8, seed=5, **kw), 20)
+    c = stream(cls(labels, sizes, global_batch_size=8, seed=6, **kw), 20)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("cls,kw", POLICIES)
+@SETTINGS
+@given(stop=st.integers(0, 25))
+def test_resume_from_state_dict_continues_the_same_stream(cls, kw, stop):
+    sizes = np.array([40, 7, 3, 0, 12], dtype=np.int64)
+    labels = np.random.default_rng(1).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
+    full = stream(cls(labels, sizes, global_batch_size=8, seed=2, **kw), 30)
+    first = cls(labels, sizes, global_batch_size=8, seed=2, **kw)
+    for t in range(stop):
+        first.next_global_batch(t)
+    state = first.state_dict()
+    resumed = cls(labels, sizes, global_batch_size=8, seed=2, **kw)
+    resumed.load_state_dict(state)
+    rest = np.stack([resumed.next_global_batch(t) for t in range(stop, 30)])
+    assert np.array_equal(rest, full[stop:])
+
+
+@pytest.mark.parametrize("cls,kw", POLICIES)
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_rank_slices_reassemble_the_global_stream(cls, kw, world_size):
+    sizes = np.array([40, 7, 3, 0, 12], dtype=np.int64)
+    labels = np.random.default_rng(1).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
+    reference = stream(cls(labels, sizes, global_batch_size=8, seed=2, **kw), 10)
+    ranks = [cls(labels, sizes, global_batch_size=8, seed=2, **kw) for _ in range(world_size)]
+    for t in range(10):
+        parts = [rank_slice(r.next_global_batch(t), i, world_size) for i, r in enumerate(ranks)]
+        assert np.array_equal(np.concatenate(parts), reference[t])
+
+
+def test_out_of_order_step_is_rejected():
+    s = UniformSampler(np.zeros(4, np.int32), np.array([4]), global_batch_size=2)
+    s.next_global_batch(0)
+    with pytest.raises(ValueError, match="at step 1"):
+        s.next_global_batch(3)
+
+
+@pytest.mark.parametrize("labels,sizes", [(np.zeros(0, np.int32), np.array([1])),
+                                          (np.array([0, 2], np.int32), np.array([1, 1])),
+                                          (np.array([0, 1], np.int32), np.array([2, 0]))])
+def test_bad_labels_or_sizes_are_rejected(labels, sizes):
+    with pytest.raises(CcexpError):
+        UniformSampler(labels, sizes, global_batch_size=1)
