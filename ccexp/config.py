@@ -21,7 +21,7 @@ class PathsConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 300
+    steps: int = 1000
     global_batch_size: int = 32  # documents per optimizer step, all ranks together
     seq_len: int = 128  # tokens per packed sequence
     max_doc_tokens: int = 256  # longer documents are truncated before packing

@@ -32,8 +32,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import lightning as L
 
-    for name in ("lightning.pytorch", "lightning.fabric"):  # print once, through Hydra's handlers
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # print once, through Hydra's handlers
         logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
 
     t_start = time.perf_counter()
     for group in ("embedder", "clusterer", "sampler", "model"):  # fail on a bad option before any work

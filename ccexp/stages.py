@@ -6,6 +6,7 @@ logs one line with its figures.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -76,10 +77,14 @@ def run_corpus(cfg: DictConfig, store: StageStore) -> StageResult:
 
         corpus = read_corpus(src, **read_corpus_args)
         heldout = split_heldout(corpus.ids, cfg.data.heldout_fraction)
+        content = hashlib.sha256()
+        for doc_id, text, held in zip(corpus.ids, corpus.texts, heldout):
+            content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
         table = pa.table({"id": corpus.ids, "text": corpus.texts, "heldout": heldout,
                           **{f"label.{k}": v for k, v in corpus.labels.items()}})
         pq.write_table(table, tmp / "corpus.parquet")
         return {"documents": len(corpus), "heldout": int(heldout.sum()), "source": str(src),
+                "content": content.hexdigest()[:16],
                 "label_fields": list(corpus.labels)}
 
     return _run_stage(store, "corpus", fp, produce,
@@ -98,7 +103,7 @@ def load_corpus(result: StageResult) -> Corpus:
 def run_embed(cfg: DictConfig, store: StageStore, corpus: StageResult) -> StageResult:
     """Embed every document (float32[N, d], L2-normalised) into ``embeddings.npy``."""
     fp = fingerprint("embed", VERSIONS["embed"], _config(cfg.embedder, ("name", "device", "batch_size", "chunk_size")),
-                     {"corpus": corpus.fingerprint})
+                     {"corpus": corpus.figures["content"]})
 
     def produce(tmp: Path) -> dict:
         texts = load_corpus(corpus).texts
@@ -116,7 +121,7 @@ def run_embed(cfg: DictConfig, store: StageStore, corpus: StageResult) -> StageR
 def run_cluster(cfg: DictConfig, store: StageStore, corpus: StageResult, embed: StageResult) -> StageResult:
     """k-means on the training documents' embeddings; labels for every document."""
     fp = fingerprint("cluster", VERSIONS["cluster"], _config(cfg.clusterer, ("name", "verbose", "assign_batch")),
-                     {"embed": embed.fingerprint, "corpus": corpus.fingerprint})
+                     {"embed": embed.fingerprint, "corpus": corpus.figures["content"]})
 
     def produce(tmp: Path) -> dict:
         heldout = load_corpus(corpus).heldout
@@ -146,7 +151,7 @@ def run_tokenize(cfg: DictConfig, store: StageStore, corpus: StageResult) -> Sta
     else:
         from ccexp.errors import CcexpError
         raise CcexpError(f"model.tokenizer.kind={tcfg.kind!r} is not an option; use bpe or pretrained")
-    fp = fingerprint("tokenize", VERSIONS["tokenize"], key, {"corpus": corpus.fingerprint})
+    fp = fingerprint("tokenize", VERSIONS["tokenize"], key, {"corpus": corpus.figures["content"]})
 
     def produce(tmp: Path) -> dict:
         c = load_corpus(corpus)

@@ -9,15 +9,17 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
+# pip on some machines prints one "Location ... is ignored" line per package for a local index:
+# noise, not errors; keep everything else.
+quiet_pip() { "$VPY" -m pip install --quiet "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 if ! "$VPY" -c "import ccexp, torch, faiss, lm_eval, mlflow, hypothesis" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.ccexp-installed ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    "$VPY" -m pip install --quiet "torch>=2.4,<2.15"
+    quiet_pip "torch>=2.4,<2.15"
   else
-    "$VPY" -m pip install --quiet "torch==2.13.0" \
-      || "$VPY" -m pip install --quiet "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+    quiet_pip "torch==2.13.0" || quiet_pip "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
   fi
-  "$VPY" -m pip install --quiet -e ".[dev]"
+  quiet_pip -e ".[dev]"
   touch .venv/.ccexp-installed
 fi
 echo "setup: $("$VPY" -c 'import torch, ccexp; print(f"ccexp {ccexp.__version__}, torch {torch.__version__}")') in .venv"

@@ -1,0 +1,83 @@
+"""Every config option composes; recipes compose; bad options and keys fail with one clear line."""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from ccexp.__main__ import CONFIG_DIR
+from ccexp.build import check_buildable
+from ccexp.errors import CcexpError
+from conftest import ROOT, run_ccexp
+
+GROUP_OPTIONS = {g: sorted(p.stem for p in (CONFIG_DIR / g).glob("*.yaml"))
+                 for g in ("data", "embedder", "clusterer", "sampler", "model", "trainer", "logger", "eval")}
+
+
+def compose_cfg(overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        return compose("config", overrides=overrides)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUP_OPTIONS.items() for o in opts])
+def test_every_option_composes(group, option):
+    cfg = compose_cfg([f"{group}={option}"])
+    assert cfg[group].name == option or group == "model" and cfg[group].name
+
+
+@pytest.mark.parametrize("group", ["embedder", "clusterer", "sampler"])
+def test_every_buildable_option_matches_its_target(group):
+    for option in GROUP_OPTIONS[group]:
+        cfg = compose_cfg([f"{group}={option}"])
+        if cfg[group].get("_target_"):
+            check_buildable(cfg[group], group)
+
+
+def test_llama2_recipe_composes_with_a_sampler_override():
+    cfg = compose_cfg(["+recipe=llama2_7b", "sampler=clusterclip"])
+    assert cfg.model.pretrained == "meta-llama/Llama-2-7b-hf" and cfg.model.dtype == "bfloat16"
+    assert cfg.trainer.strategy == "fsdp" and cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-true"
+    assert cfg.sampler.name == "clusterclip"
+    assert compose_cfg(["+recipe=llama2_7b", "sampler=uniform"]).sampler.name == "uniform"
+
+
+def test_unknown_key_in_a_group_is_rejected_by_the_schema():
+    with pytest.raises(Exception, match="clip_treshold"):
+        compose_cfg(["sampler.clip_treshold=3"])
+
+
+def test_added_key_the_target_does_not_take_fails_before_work():
+    cfg = compose_cfg(["+sampler.foo=1"])
+    with pytest.raises(CcexpError, match=r"sampler.foo is not an option of ccexp.sampling.ClusterClipSampler"):
+        check_buildable(cfg.sampler, "sampler")
+
+
+def one_error_line(proc):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("ccexp: error: ")
+    return lines[0]
+
+
+def test_cli_wrong_option(tmp_path):
+    line = one_error_line(run_ccexp("sampler=nope", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "Could not find 'sampler/nope'" in line and "clusterclip, random, uniform" in line
+
+
+def test_cli_unknown_key(tmp_path):
+    line = one_error_line(run_ccexp("trian.steps=3", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "'trian.steps'" in line
+
+
+def test_cli_missing_corpus_path(tmp_path):
+    line = one_error_line(run_ccexp("data=jsonl", f"data.path={tmp_path}/nope.jsonl", f"paths.outputs={tmp_path}",
+                                    cwd=ROOT))
+    assert "nope.jsonl' does not exist" in line
+    assert not (tmp_path / "cache" / "corpus").exists() or not any((tmp_path / "cache" / "corpus").iterdir())
+
+
+def test_cli_required_value(tmp_path):
+    line = one_error_line(run_ccexp("data=jsonl", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "data.path is required" in line

@@ -1,0 +1,101 @@
+"""Corpus readers, validation errors and the held-out split."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ccexp.data.corpus import read_corpus, split_heldout
+from ccexp.errors import CcexpError
+
+
+def write_jsonl(path, records, gz=False):
+    opener = gzip.open if gz else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+RECORDS = [{"id": f"d{i}", "body": f"document number {i}", "domain": "a" if i % 3 else "b"} for i in range(30)]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_jsonl_reader_keeps_text_ids_and_labels(tmp_path, gz):
+    path = write_jsonl(tmp_path / ("c.jsonl.gz" if gz else "c.jsonl"), RECORDS, gz)
+    c = read_corpus(path, text_field="body", label_fields=["domain"])
+    assert c.texts == [r["body"] for r in RECORDS]
+    assert c.ids == [r["id"] for r in RECORDS]
+    assert c.labels["domain"] == [r["domain"] for r in RECORDS]
+
+
+def test_parquet_reader_matches_jsonl(tmp_path):
+    pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "c.parquet")
+    c = read_corpus(tmp_path / "c.parquet", text_field="body", label_fields=["domain"])
+    assert c.texts == [r["body"] for r in RECORDS] and c.labels["domain"][0] == "b"
+
+
+def test_missing_text_field_names_the_field_and_the_fix(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", RECORDS)
+    with pytest.raises(CcexpError, match=r"record 1 has no field 'text' .*set data.text_field"):
+        read_corpus(path)
+
+
+def test_missing_parquet_column_is_named(tmp_path):
+    pq.write_table(pa.Table.from_pylist(RECORDS), tmp_path / "c.parquet")
+    with pytest.raises(CcexpError, match="has no column 'text'"):
+        read_corpus(tmp_path / "c.parquet")
+
+
+def test_non_utf8_line_is_reported_with_its_line_number(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(CcexpError, match=r"c.jsonl:2: not valid UTF-8"):
+        read_corpus(path)
+
+
+def test_invalid_json_is_reported_with_its_line_number(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": broken\n')
+    with pytest.raises(CcexpError, match=r"c.jsonl:2: not a JSON object"):
+        read_corpus(path)
+
+
+def test_empty_documents_are_dropped_or_rejected(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"text": "a real one"}, {"text": "   "}, {"text": ""}])
+    assert read_corpus(path).texts == ["a real one"]
+    with pytest.raises(CcexpError, match="record 2 has an empty 'text'"):
+        read_corpus(path, drop_empty=False)
+    only_empty = write_jsonl(tmp_path / "e.jsonl", [{"text": ""}])
+    with pytest.raises(CcexpError, match="no non-empty documents"):
+        read_corpus(only_empty)
+
+
+def test_missing_file_and_unknown_suffix(tmp_path):
+    with pytest.raises(CcexpError, match="does not exist"):
+        read_corpus(tmp_path / "nope.jsonl")
+    (tmp_path / "c.txt").write_text("x")
+    with pytest.raises(CcexpError, match="cannot tell the format"):
+        read_corpus(tmp_path / "c.txt")
+
+
+def test_max_documents_is_a_deterministic_subsample(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", RECORDS)
+    a = read_corpus(path, text_field="body", max_documents=10)
+    b = read_corpus(path, text_field="body", max_documents=10)
+    assert len(a) == 10 and a.ids == b.ids
+
+
+def test_heldout_split_depends_only_on_document_ids():
+    ids = [f"doc/{i}" for i in range(5000)]
+    held = split_heldout(ids, 0.1)
+    assert 0.08 < held.mean() < 0.12
+    shuffled = np.random.default_rng(0).permutation(len(ids))
+    held2 = split_heldout([ids[i] for i in shuffled], 0.1)
+    assert np.array_equal(held2, held[shuffled])
+    with pytest.raises(CcexpError):
+        split_heldout(ids, 1.5)

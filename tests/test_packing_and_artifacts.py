@@ -1,0 +1,43 @@
+"""Packing keeps every token and its cluster id; the stage store publishes atomically."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ccexp.artifacts import DONE, StageStore, fingerprint
+from ccexp.data.packing import pack_documents
+
+
+def test_packing_keeps_tokens_order_eos_and_cluster_ids():
+    docs_tokens = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    tokens = np.array(sum(docs_tokens, []), dtype=np.int32)
+    offsets = np.array([0, 3, 4, 9], dtype=np.int64)
+    clusters = np.array([2, 0, 1])
+    out = pack_documents(np.array([2, 0, 1]), tokens, offsets, clusters, seq_len=4, max_doc_tokens=4, eos_id=1, pad_id=0)
+    ids = out["input_ids"].ravel().tolist()
+    # doc 2 truncated to 4 tokens, each doc followed by EOS, then padding to a multiple of 4
+    assert ids == [9, 10, 11, 12, 1, 5, 6, 7, 1, 8, 1, 0]
+    assert out["cluster_ids"].ravel().tolist() == [1] * 5 + [2] * 4 + [0] * 2 + [-1]
+    assert out["labels"].ravel().tolist()[-1] == -100 and out["input_ids"].shape == (3, 4)
+
+
+def test_fingerprint_depends_on_config_inputs_and_version_not_key_order():
+    a = fingerprint("embed", 1, {"x": 1, "y": 2}, {"corpus": "abc"})
+    assert a == fingerprint("embed", 1, {"y": 2, "x": 1}, {"corpus": "abc"})
+    assert a != fingerprint("embed", 2, {"x": 1, "y": 2}, {"corpus": "abc"})
+    assert a != fingerprint("embed", 1, {"x": 1, "y": 3}, {"corpus": "abc"})
+    assert a != fingerprint("embed", 1, {"x": 1, "y": 2}, {"corpus": "abd"})
+
+
+def test_interrupted_stage_leaves_nothing_that_looks_done(tmp_path):
+    store = StageStore(tmp_path)
+    with pytest.raises(RuntimeError):
+        with store.publish("embed", "fp1") as tmp:
+            (tmp / "embeddings.npy").write_bytes(b"partial")
+            raise RuntimeError("killed")
+    assert not store.is_done("embed", "fp1")
+    assert list((tmp_path / "embed").iterdir()) == []
+    with store.publish("embed", "fp1") as tmp:
+        (tmp / "embeddings.npy").write_bytes(b"whole")
+    assert store.is_done("embed", "fp1") and (store.path("embed", "fp1") / DONE).is_file()
+    assert (store.path("embed", "fp1") / "embeddings.npy").read_bytes() == b"whole"
