@@ -23,7 +23,7 @@ from ccexp.data.corpus import BUILTIN_PATH, Corpus, read_corpus, split_heldout
 log = logging.getLogger("ccexp")
 
 # bump a stage's version when its output format or algorithm changes
-VERSIONS = {"corpus": 1, "embed": 1, "cluster": 1, "tokenize": 1}
+VERSIONS = {"corpus": 2, "embed": 1, "cluster": 1, "tokenize": 1}
 
 
 @dataclass
