@@ -78,6 +78,9 @@ def cli() -> None:
         main()
     except CcexpError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        print("ccexp: interrupted; finished stages stay cached, unfinished ones were discarded", file=sys.stderr)
+        sys.exit(130)
     except (HydraException, OmegaConfBaseException) as e:
         cause = e.__cause__ or e.__context__
         fail(str(cause) if isinstance(cause, CcexpError) else one_line(e))

@@ -63,7 +63,8 @@ class StageStore:
         """
         final = self.path(stage, fp)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.parent / f".tmp-{fp}-{uuid.uuid4().hex[:8]}"
+        _remove_orphans(final.parent)
+        tmp = final.parent / f".tmp-{fp}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
             yield tmp
@@ -80,3 +81,22 @@ class StageStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _remove_orphans(stage_dir: Path) -> None:
+    """Delete temporary folders left by writers that were killed (their process no longer exists)."""
+    for tmp in stage_dir.glob(".tmp-*"):
+        parts = tmp.name.split("-")
+        pid = int(parts[2]) if len(parts) >= 4 and parts[2].isdigit() else None
+        if pid is None or not _alive(pid):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

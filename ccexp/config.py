@@ -29,6 +29,9 @@ class TrainConfig:
     weight_decay: float = 0.1
     warmup_steps: int = 20
     log_every_n_steps: int = 10
+    resume_from: Optional[str] = None  # a Lightning checkpoint (e.g. <run>/checkpoints/last.ckpt) to resume
+    checkpoint_every_n_steps: Optional[int] = None  # also keep checkpoints/step-N.ckpt every N steps
+    record_batches: bool = False  # save each rank's trained documents per step to <run>/batches/
 
 
 @dataclass
@@ -48,7 +51,7 @@ class DataConfig:
 class EmbedderConfig:
     _target_: str = "ccexp.embedding.sentence.SentenceEmbedder"
     name: str = MISSING
-    model: str = "minilm"
+    model: str = MISSING
     batch_size: int = 64
     max_seq_length: int = 256
     device: str = "auto"
@@ -80,6 +83,26 @@ class ClusterClipConfig(SamplerConfig):
     clip_threshold: int = 5
     after_clip: str = "uniform"  # uniform | proportional
     on_exhausted: str = "error"  # error | reset
+
+
+@dataclass
+class DynamicConfig(SamplerConfig):
+    rule: str = "odm"  # odm | doremi
+    update_every: int = 10
+    warmup_steps: int = 50
+    beta: float = 0.9
+    eta: float = 1.0
+    epsilon: float = 1e-3
+    reference_losses: Optional[Any] = None  # DoReMi: list, .npy or .json with one loss per cluster
+    clip_threshold: Optional[int] = None
+    on_exhausted: str = "error"
+
+
+@dataclass
+class ClusterDPConfig(SamplerConfig):
+    ratio: float = 1.0
+    keep: str = "farthest"  # farthest | closest | random
+    layout: str = "blocked"  # blocked | interleaved
 
 
 @dataclass
@@ -140,6 +163,7 @@ class EvalConfig:
     max_tokens: int = 256  # tokens scored per held-out document
     batch_size: int = 32
     max_cluster_metrics: int = 256  # per-cluster metrics go to MLflow when K <= this (CSV always)
+    min_cluster_docs: int = 5  # ppl_worst considers clusters with at least this many held-out documents
 
 
 @dataclass
@@ -164,6 +188,7 @@ def register() -> None:
     for group, name, node in [
         ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig), ("clusterer", "kmeans", KMeansConfig),
         ("sampler", "sampler", SamplerConfig), ("sampler", "clusterclip", ClusterClipConfig),
+        ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),
         ("model", "tiny_gpt", TinyGPTConfig), ("model", "hf_causal_lm", HFCausalLMConfig),
         ("trainer", "trainer", TrainerConfig), ("logger", "logger", LoggerConfig), ("eval", "eval", EvalConfig),
     ]:

@@ -9,6 +9,7 @@ import csv
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from ccexp import stages
 from ccexp.artifacts import StageStore
 from ccexp.build import check_buildable
+from ccexp.validate import check_config, check_sampler_options
 from ccexp.data.tokenize import load_tokenizer
 from ccexp.evaluation.perplexity import document_nll, summarize
-from ccexp.tracking.mlflow_run import flatten, make_logger, run_name
+from ccexp.tracking.mlflow_run import flatten, make_logger, metric_keys, run_name
 from ccexp.training import runner
 
 log = logging.getLogger("ccexp")
@@ -35,10 +37,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # print once, through Hydra's handlers
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs each CPU variant it tries
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning's own use of a torch deprecation
 
     t_start = time.perf_counter()
-    for group in ("embedder", "clusterer", "sampler", "model"):  # fail on a bad option before any work
+    check_config(cfg)  # fail on a bad setting before any work
+    for group in ("embedder", "clusterer", "sampler", "model"):
         check_buildable(cfg[group], group)
+    check_sampler_options(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     outputs = Path(cfg.paths.outputs).resolve()
     store = StageStore(Path(cfg.paths.cache).resolve())
@@ -58,18 +65,33 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     heldout_docs = np.flatnonzero(corpus.heldout)
 
     # 2. sampler, model, training
-    sampler = runner.make_sampler(cfg, labels[train_docs], sizes)
+    similarity = np.load(cluster_stage.path / "similarity.npy")
+    sampler = runner.make_sampler(cfg, labels[train_docs], sizes, similarity[train_docs])
     model = runner.make_model(cfg, tok)
     logger = make_logger(cfg, outputs, tags={"sampler": cfg.sampler.name, "model": cfg.model.name,
                                              "data": cfg.data.name, "run_dir": str(run_dir)})
     if logger is not None:
         logger.log_hyperparams(flatten(cfg))
         log.info("mlflow: run %r (%s) in %s", run_name(cfg), logger.run_id, logger._tracking_uri)
+    try:
+        return _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, sizes, tokens, offsets, tok,
+                                   train_docs, heldout_docs, (corpus_stage, embed_stage, cluster_stage, tokenize_stage),
+                                   t_start)
+    except BaseException:
+        if logger is not None:  # Lightning marks the run FINISHED after fit; an error after that must show
+            logger.experiment.set_terminated(logger.run_id, "FAILED")
+        raise
+
+
+def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, sizes, tokens, offsets, tok, train_docs,
+                        heldout_docs, stage_results, t_start) -> dict[str, float]:
+    corpus_stage, embed_stage, cluster_stage, tokenize_stage = stage_results
     t_train = time.perf_counter()
     trainer, module = runner.fit(cfg, run_dir=run_dir, logger=logger, sampler=sampler, model=model,
                                  datamodule_args=dict(train_docs=train_docs, tokens=tokens, offsets=offsets,
                                                       doc_clusters=labels, eos_id=tok.eos_token_id,
-                                                      pad_id=tok.pad_token_id))
+                                                      pad_id=tok.pad_token_id),
+                                 ckpt_path=cfg.train.resume_from)
     train_seconds = time.perf_counter() - t_train
     if not trainer.is_global_zero:
         return {}
@@ -79,7 +101,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     nll, ntok = document_nll(module.model, tokens, offsets, heldout_docs, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                              max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size, device=module.device)
     report = summarize(nll, ntok, labels[heldout_docs], int(sizes.size),
-                       {k: [v[i] for i in heldout_docs] for k, v in corpus.labels.items()})
+                       {k: [v[i] for i in heldout_docs] for k, v in corpus.labels.items()},
+                       min_cluster_docs=cfg.eval.min_cluster_docs)
     eval_seconds = time.perf_counter() - t_eval
     metrics = report.metrics
     log.info("eval: held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d) over %d docs / %d tokens",
@@ -111,12 +134,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         client, run_id = logger.experiment, logger.run_id
         keep = {k: v for k, v in metrics.items()
                 if not k.startswith("ppl_cluster/") or sizes.size <= cfg.eval.max_cluster_metrics}
-        logger.log_metrics({**{f"eval/{k}": v for k, v in keep.items()}, **timing}, step=cfg.train.steps)
+        logger.log_metrics({**metric_keys({f"eval/{k}": v for k, v in keep.items()}), **timing}, step=cfg.train.steps)
         client.log_artifact(run_id, str(run_dir / "resolved_config.yaml"))
         client.log_artifact(run_id, str(tables / "clusters.csv"), "tables")
         client.set_tag(run_id, "fingerprints", ",".join(f"{s.stage}={s.fingerprint}" for s in
                                                          (corpus_stage, embed_stage, cluster_stage, tokenize_stage)))
-        logger.finalize("success")
+        client.set_terminated(run_id, "FINISHED")
     log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s", run_name(cfg), total_seconds,
              train_seconds, module.tokens_seen / train_seconds, run_dir)
     return metrics

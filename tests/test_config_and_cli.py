@@ -1,6 +1,8 @@
 """Every config option composes; recipes compose; bad options and keys fail with one clear line."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -63,7 +65,7 @@ def one_error_line(proc):
 
 def test_cli_wrong_option(tmp_path):
     line = one_error_line(run_ccexp("sampler=nope", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "Could not find 'sampler/nope'" in line and "clusterclip, random, uniform" in line
+    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, dynamic, random, uniform" in line
 
 
 def test_cli_unknown_key(tmp_path):
@@ -81,3 +83,57 @@ def test_cli_missing_corpus_path(tmp_path):
 def test_cli_required_value(tmp_path):
     line = one_error_line(run_ccexp("data=jsonl", f"paths.outputs={tmp_path}", cwd=ROOT))
     assert "data.path is required" in line
+
+
+BAD_SETTINGS = [
+    (["seed=-1"], "seed=-1 is out of range"),
+    (["train.steps=0"], "train.steps=0 is out of range"),
+    (["train.lr=-1"], "train.lr=-1.0 must be > 0"),
+    (["train.seq_len=0"], "train.seq_len=0"),
+    (["eval.batch_size=0"], "eval.batch_size=0"),
+    (["eval.max_tokens=0"], "eval.max_tokens=0"),
+    (["data.max_documents=-1"], "data.max_documents=-1"),
+    (["embedder.batch_size=0"], "embedder.batch_size=0"),
+    (["clusterer.k=0"], "clusterer.k=0"),
+    (["trainer.precision=bogus"], "trainer.precision='bogus' is not an option"),
+    (["trainer.devices=0"], "trainer.devices=0 is not valid"),
+    (["+trian.steps=3"], "trian is not a ccexp setting"),
+    (["+train.foo=3"], "train.foo is not a setting of train"),
+    (["model.n_head=3"], "divisible by model.n_head=3"),
+    (["model.tokenizer.kind=bogus"], "model.tokenizer.kind='bogus' is not an option"),
+    (["model=hf_causal_lm", "model.pretrained=/nonexistent/model"], "is not a model folder"),
+    (["model=hf_causal_lm", "model.pretrained=fake-org/fake-model-xyz"], "not in the local Hugging Face cache"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_SETTINGS)
+def test_bad_settings_are_rejected_before_any_work(overrides, message):
+    from ccexp.validate import check_config
+
+    with pytest.raises(CcexpError, match=re.escape(message)):
+        check_config(compose_cfg(overrides))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["sampler.clip_threshold=0"], "clip_threshold must be an integer >= 1"),
+    (["sampler.after_clip=bogus"], "after_clip='bogus' is not an option"),
+    (["sampler=cluster_dp", "train.global_batch_size=30"], "multiple of the 32 non-empty clusters"),
+    (["sampler=dynamic", "sampler.rule=doremi"], "needs sampler.reference_losses"),
+])
+def test_bad_sampler_options_are_rejected_before_any_work(overrides, message):
+    from ccexp.validate import check_sampler_options
+
+    with pytest.raises(CcexpError, match=re.escape(message)):
+        check_sampler_options(compose_cfg(overrides))
+
+
+def test_embedder_st_requires_a_model():
+    from omegaconf.errors import MissingMandatoryValue
+
+    with pytest.raises(MissingMandatoryValue):
+        _ = compose_cfg(["embedder=st"]).embedder.model
+
+
+def test_cli_gpu_trainer_without_gpu_fails_first(tmp_path):
+    line = one_error_line(run_ccexp("trainer=gpu", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "needs a CUDA GPU" in line and not (tmp_path / "cache").exists()

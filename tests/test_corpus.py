@@ -99,3 +99,25 @@ def test_heldout_split_depends_only_on_document_ids():
     assert np.array_equal(held2, held[shuffled])
     with pytest.raises(CcexpError):
         split_heldout(ids, 1.5)
+
+
+def test_corrupt_gzip_lone_surrogate_and_folder_get_one_line_errors(tmp_path):
+    good = write_jsonl(tmp_path / "c.jsonl.gz", RECORDS * 50, gz=True)
+    data = bytearray(good.read_bytes())
+    for k in range(len(data) // 2, len(data) // 2 + 50):
+        data[k] ^= 0xFF
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CcexpError, match="cannot be read|not a JSON object|not valid UTF-8"):
+        read_corpus(bad, text_field="body")  # a CcexpError, whatever the flipped bytes break first
+    sur = tmp_path / "s.jsonl"
+    sur.write_text('{"text": "ok"}\n{"text": "bad \\ud800 here"}\n')
+    with pytest.raises(CcexpError, match="record 2 .* lone surrogate"):
+        read_corpus(sur)
+    with pytest.raises(CcexpError, match="is a folder"):
+        read_corpus(tmp_path)
+
+
+def test_missing_label_values_get_a_visible_placeholder(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"text": "a", "domain": "x"}, {"text": "b"}, {"text": "c", "domain": ""}])
+    assert read_corpus(path, label_fields=["domain"]).labels["domain"] == ["x", "(none)", "(none)"]

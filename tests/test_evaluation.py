@@ -19,6 +19,8 @@ def test_summary_definitions():
     assert "ppl_cluster/0002" not in m and m["clusters_evaluated"] == 2
     assert m["ppl_macro"] == pytest.approx(np.exp((1.5 + 3) / 2))
     assert m["ppl_worst"] == pytest.approx(np.exp(3)) and m["ppl_worst_cluster"] == 1
+    few = summarize(nll, ntok, np.array([0, 0, 1]), 3, min_cluster_docs=2).metrics  # cluster 1 has 1 document
+    assert few["ppl_worst_cluster"] == 0 and few["ppl_worst"] == pytest.approx(np.exp(1.5))
     assert m["ppl_domain/a"] == pytest.approx(np.exp(1)) and m["ppl_domain/b"] == pytest.approx(np.exp(13 / 5))
 
 

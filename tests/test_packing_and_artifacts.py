@@ -41,3 +41,23 @@ def test_interrupted_stage_leaves_nothing_that_looks_done(tmp_path):
         (tmp / "embeddings.npy").write_bytes(b"whole")
     assert store.is_done("embed", "fp1") and (store.path("embed", "fp1") / DONE).is_file()
     assert (store.path("embed", "fp1") / "embeddings.npy").read_bytes() == b"whole"
+
+
+def test_folders_of_killed_writers_are_removed_on_the_next_publish(tmp_path):
+    store = StageStore(tmp_path)
+    orphan = tmp_path / "embed" / ".tmp-fp1-999999999-deadbeef"
+    orphan.mkdir(parents=True)
+    (orphan / "embeddings.npy").write_bytes(b"partial")
+    with store.publish("embed", "fp2") as tmp:
+        (tmp / "x").write_text("1")
+    assert not orphan.exists() and store.is_done("embed", "fp2")
+
+
+def test_metric_names_are_made_mlflow_safe_without_merging_values():
+    from ccexp.tracking.mlflow_run import metric_keys
+
+    out = metric_keys({"eval/ppl_domain/C++": 1.0, "eval/ppl_domain/C#": 2.0, "eval/ppl_domain/": 3.0,
+                       "eval/ppl_domain/code.go": 4.0})
+    assert len(out) == 4 and out["eval/ppl_domain/code.go"] == 4.0
+    import re as _re
+    assert all(_re.fullmatch(r"[A-Za-z0-9_./ -]+", k) and not k.endswith("/") for k in out)

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ccexp.errors import CcexpError
-from ccexp.sampling import ClusterClipSampler, RandomSampler, UniformSampler, rank_slice
-from ccexp.sampling.permutation import derive_keys, permute
+from ccexp.sampling import ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler, UniformSampler, rank_slice
+from ccexp.sampling.permutation import affine_permute, derive_keys, pass_hash, shuffled_groups
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -26,15 +26,30 @@ def clustered(draw, max_k=8, max_n=12):
     return labels, sizes, batch, draw(st.integers(0, 2**31))
 
 
-def stream(sampler, steps):
-    return np.stack([sampler.next_global_batch(t) for t in range(steps)])
-
-
 @SETTINGS
-@given(n=st.integers(1, 5000), seed=st.integers(0, 2**40))
-def test_permutation_is_a_bijection(n, seed):
-    p = permute(np.arange(n), n, derive_keys(seed, 1))
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**40), group=st.integers(0, 2**32 - 1))
+def test_pass_permutation_is_a_bijection(n, seed, group):
+    h = pass_hash(derive_keys(seed), np.full(n, group), np.zeros(n, np.int64))
+    p = affine_permute(np.arange(n), n, h)
     assert np.array_equal(np.sort(p), np.arange(n))
+
+
+def test_pass_permutations_differ_between_passes_and_are_bijective_near_the_size_limit():
+    n = 2**31 - 1
+    i = np.array([0, 1, n - 1])
+    a = affine_permute(i, n, pass_hash(derive_keys(0), np.zeros(3, np.int64), np.zeros(3, np.int64)))
+    b = affine_permute(i, n, pass_hash(derive_keys(0), np.zeros(3, np.int64), np.ones(3, np.int64)))
+    assert ((a >= 0) & (a < n)).all() and len(set(a)) == 3 and not np.array_equal(a, b)
+    orders = [affine_permute(np.arange(50), 50, pass_hash(derive_keys(1), np.zeros(50, np.int64), np.full(50, p)))
+              for p in range(20)]
+    assert len({tuple(o) for o in orders}) == 20
+
+
+def test_shuffled_groups_groups_by_label_and_shuffles_within():
+    labels = np.repeat(np.arange(3), [50, 1, 30]).astype(np.int32)
+    order = shuffled_groups(labels, np.random.default_rng(0))
+    assert np.array_equal(labels[order], np.sort(labels)) and np.array_equal(np.sort(order), np.arange(81))
+    assert not np.array_equal(order[:50], np.arange(50))
 
 
 # -- random -----------------------------------------------------------------------------------------
@@ -186,12 +201,27 @@ POLICIES = [
     (UniformSampler, {}),
     (ClusterClipSampler, dict(clip_threshold=5)),
     (ClusterClipSampler, dict(clip_threshold=2, after_clip="proportional", on_exhausted="reset")),
+    (DynamicSampler, dict(warmup_steps=3, update_every=2)),
+    (DynamicSampler, dict(warmup_steps=0, update_every=1, rule="doremi", reference_losses=[1.0] * 5,
+                          clip_threshold=4, on_exhausted="reset")),
+    (ClusterDPSampler, dict(keep="random")),
 ]
+
+
+def stream(sampler, steps, start=0):
+    """Draw ``steps`` global batches, feeding back a loss that depends on the batch (as training would)."""
+    out = []
+    for t in range(start, start + steps):
+        docs = sampler.next_global_batch(t)
+        tokens = np.bincount(sampler.labels[docs], minlength=sampler.num_clusters) * 3
+        sampler.observe(t, tokens * (1.0 + (np.arange(sampler.num_clusters) + t) % 3), tokens)
+        out.append(docs)
+    return np.stack(out) if out else np.zeros((0, sampler.global_batch_size), np.int64)
 
 
 @pytest.mark.parametrize("cls,kw", POLICIES)
 def test_stream_is_deterministic_from_seed(cls, kw):
-    sizes = np.array([40, 7, 3, 0, 12], dtype=np.int64)
+    sizes = np.array([40, 8, 4, 0, 12], dtype=np.int64)
     labels = np.random.default_rng(0).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
     a = stream(cls(labels, sizes, global_batch_size=8, seed=5, **kw), 20)
     b = stream(cls(labels, sizes, global_batch_size=8, seed=5, **kw), 20)
@@ -207,12 +237,11 @@ def test_resume_from_state_dict_continues_the_same_stream(cls, kw, stop):
     labels = np.random.default_rng(1).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
     full = stream(cls(labels, sizes, global_batch_size=8, seed=2, **kw), 30)
     first = cls(labels, sizes, global_batch_size=8, seed=2, **kw)
-    for t in range(stop):
-        first.next_global_batch(t)
+    stream(first, stop)
     state = first.state_dict()
     resumed = cls(labels, sizes, global_batch_size=8, seed=2, **kw)
     resumed.load_state_dict(state)
-    rest = np.stack([resumed.next_global_batch(t) for t in range(stop, 30)])
+    rest = stream(resumed, 30 - stop, start=stop)
     assert np.array_equal(rest, full[stop:])
 
 
@@ -224,7 +253,7 @@ def test_rank_slices_reassemble_the_global_stream(cls, kw, world_size):
     reference = stream(cls(labels, sizes, global_batch_size=8, seed=2, **kw), 10)
     ranks = [cls(labels, sizes, global_batch_size=8, seed=2, **kw) for _ in range(world_size)]
     for t in range(10):
-        parts = [rank_slice(r.next_global_batch(t), i, world_size) for i, r in enumerate(ranks)]
+        parts = [rank_slice(stream(r, 1, start=t)[0], i, world_size) for i, r in enumerate(ranks)]
         assert np.array_equal(np.concatenate(parts), reference[t])
 
 
@@ -241,3 +270,20 @@ def test_out_of_order_step_is_rejected():
 def test_bad_labels_or_sizes_are_rejected(labels, sizes):
     with pytest.raises(CcexpError):
         UniformSampler(labels, sizes, global_batch_size=1)
+
+
+def test_telemetry_mix_statistics_over_the_run_and_the_window():
+    sizes = np.array([300, 60, 30, 0, 10], dtype=np.int64)
+    labels = np.random.default_rng(3).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
+    rnd = RandomSampler(labels, sizes, global_batch_size=40, seed=0)
+    stream(rnd, 40)  # exactly 4 epochs
+    tel = rnd.telemetry()
+    assert tel["kl_to_corpus"] == pytest.approx(0.0, abs=1e-12) and tel["mean_repetition"] == 4.0
+    uni = UniformSampler(labels, sizes, global_batch_size=40, seed=0)
+    stream(uni, 10)
+    before = uni.exposure()
+    stream(uni, 5, start=10)
+    tel = uni.telemetry(since=before)
+    assert tel["kl_to_uniform"] == pytest.approx(0.0, abs=1e-12) and tel["window_kl_to_uniform"] == pytest.approx(0.0, abs=1e-12)
+    assert tel["mix_entropy"] == pytest.approx(np.log(4)) and tel["active_clusters"] == 4
+    assert tel["max_repetition"] == 15  # 600 draws / 4 clusters = 150 draws of the 10-document cluster

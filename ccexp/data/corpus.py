@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import logging
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,18 +60,19 @@ def _iter_jsonl(path: Path):
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise CcexpError(f"{path}:{lineno}: not a JSON object ({e.msg}); each line must be one "
-                                     "JSON record") from None
+                    raise CcexpError(f"{path}:{lineno}: not a JSON object ({e.msg}, column {e.colno}); each line "
+                                     "must be one JSON record") from None
                 if not isinstance(rec, dict):
                     raise CcexpError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
                 yield lineno, rec
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise CcexpError(f"{path}: cannot be read ({e}); is it a complete, uncorrupted file?") from None
 
 
 def _iter_parquet(path: Path, columns: list[str]):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -82,7 +84,15 @@ def _iter_parquet(path: Path, columns: list[str]):
         raise CcexpError(f"{path}: has no column {missing[0]!r}; columns are {pf.schema_arrow.names}; "
                          "set data.text_field / data.id_field / data.label_fields accordingly")
     row = 0
-    for batch in pf.iter_batches(columns=columns, batch_size=65536):
+    batches = pf.iter_batches(columns=columns, batch_size=65536)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (OSError, pa.ArrowException) as e:
+            raise CcexpError(f"{path}: damaged Parquet data after row {row} ({str(e).splitlines()[0][:100]}); "
+                             "re-export the file") from None
+        if batch is None:
+            return
         cols = batch.to_pydict()
         for i in range(batch.num_rows):
             row += 1
@@ -109,6 +119,8 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
             text field, empty documents with ``drop_empty=False``, or no documents left.
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise CcexpError(f"data.path={str(path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or .parquet file")
     if not path.is_file():
         raise CcexpError(f"data.path={str(path)!r} does not exist; point data.path at a .jsonl, .jsonl.gz or "
                          ".parquet file")
@@ -131,7 +143,13 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
                              f"data.text_field to the field that holds the text")
         text = rec[text_field]
         if not isinstance(text, str):
-            raise CcexpError(f"{path}: record {row} field {text_field!r} is {type(text).__name__}, not a string")
+            raise CcexpError(f"{path}: record {row} field {text_field!r} is {type(text).__name__}, not a string; set "
+                             "data.text_field to the field that holds the document text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CcexpError(f"{path}: record {row} field {text_field!r} holds a lone surrogate (an escaped "
+                             "\\ud800-\\udfff without its pair), which is not valid Unicode; fix that record") from None
         if not text.strip():
             if not drop_empty:
                 raise CcexpError(f"{path}: record {row} has an empty {text_field!r}; remove it or set "
@@ -143,7 +161,7 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
         texts.append(text)
         for name in label_fields:
             value = rec.get(name)
-            labels[name].append("" if value is None else str(value))
+            labels[name].append("(none)" if value is None or value == "" else str(value))
     if empty:
         log.warning("corpus: dropped %d empty document(s) from %s", empty, path)
     if not texts:

@@ -62,7 +62,12 @@ class SentenceEmbedder:
         from sentence_transformers import SentenceTransformer
 
         device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
-        model = SentenceTransformer(self.model_path, device=device, local_files_only=True)
+        try:
+            model = SentenceTransformer(self.model_path, device=device, local_files_only=True)
+        except (OSError, ValueError, KeyError) as e:
+            raise CcexpError(f"embedder.model={self.model_path!r} is not a loadable sentence-transformers model "
+                             f"({str(e).splitlines()[0][:100]}); give a folder saved with SentenceTransformer.save()"
+                             ) from None
         model.max_seq_length = self.max_seq_length
         return model
 

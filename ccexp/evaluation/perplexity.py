@@ -8,7 +8,8 @@ token so that every document token is predicted. Definitions (all perplexities a
 * ``ppl_cluster/<c>``: over the tokens of cluster c's held-out documents;
 * ``ppl_macro``: ``exp(mean over clusters of the cluster's mean token NLL)`` — every cluster counts
   the same, however large (the geometric mean of the per-cluster perplexities);
-* ``ppl_worst``: the largest per-cluster perplexity;
+* ``ppl_worst``: the largest per-cluster perplexity among clusters with at least ``min_cluster_docs``
+  held-out documents (a cluster scored on two documents is noise, not a worst case);
 * ``ppl_<label>/<value>``: per label value, e.g. ``ppl_domain/code.go``.
 """
 from __future__ import annotations
@@ -57,7 +58,7 @@ class PerplexityReport:
 
 
 def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clusters: int,
-              labels: dict[str, list[str]] | None = None) -> PerplexityReport:
+              labels: dict[str, list[str]] | None = None, min_cluster_docs: int = 1) -> PerplexityReport:
     """Aggregate per-document NLL into the metrics of the module docstring (vectorised bincounts).
 
     Args:
@@ -75,8 +76,11 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
     c_mean[present] = c_nll[present] / c_tok[present]
     c_ppl = np.exp(c_mean)
     metrics["ppl_macro"] = float(np.exp(np.nanmean(c_mean)))
-    metrics["ppl_worst"] = float(np.nanmax(c_ppl))
-    metrics["ppl_worst_cluster"] = float(np.nanargmax(c_ppl))
+    eligible = np.where(c_doc >= min_cluster_docs, c_ppl, np.nan)
+    if np.isnan(eligible).all():
+        eligible = c_ppl
+    metrics["ppl_worst"] = float(np.nanmax(eligible))
+    metrics["ppl_worst_cluster"] = float(np.nanargmax(eligible))
     metrics["clusters_evaluated"] = float(present.sum())
     for c in np.flatnonzero(present):
         metrics[f"ppl_cluster/{c:04d}"] = float(c_ppl[c])

@@ -4,8 +4,11 @@ One module per policy; see ``SAMPLING.md`` for the contract and :mod:`ccexp.samp
 protocol.
 """
 from ccexp.sampling.base import Sampler, rank_slice
+from ccexp.sampling.cluster_dp import ClusterDPSampler
 from ccexp.sampling.clusterclip import ClusterClipSampler
+from ccexp.sampling.dynamic import DynamicSampler
 from ccexp.sampling.random import RandomSampler
 from ccexp.sampling.uniform import UniformSampler
 
-__all__ = ["Sampler", "rank_slice", "RandomSampler", "UniformSampler", "ClusterClipSampler"]
+__all__ = ["Sampler", "rank_slice", "RandomSampler", "UniformSampler", "ClusterClipSampler", "DynamicSampler",
+           "ClusterDPSampler"]

@@ -92,6 +92,14 @@ class Sampler(ABC):
     def observe(self, step: int, cluster_loss: np.ndarray, cluster_tokens: np.ndarray) -> None:
         """Per-cluster training signal (float[K] summed token loss, int64[K] tokens); unused here."""
 
+    def weights(self) -> np.ndarray | None:
+        """float64[K] current cluster sampling probabilities, for policies that keep them (else None)."""
+        return None
+
+    def loss_weights(self) -> np.ndarray | None:
+        """float64[K] per-cluster multipliers of the training loss, or None (all 1)."""
+        return None
+
     def exposure(self) -> np.ndarray:
         """int64[K]: documents drawn from each cluster so far."""
         return self._exposure.copy()
@@ -118,17 +126,28 @@ class Sampler(ABC):
         """Clusters that can still be drawn (all non-empty clusters unless the policy clips)."""
         return int(np.count_nonzero(self.sizes))
 
-    def telemetry(self) -> dict[str, float]:
-        """Exposure statistics: clusters still active, max and mean repetition, entropy (nats) of
-        the sampled cluster mix, and its KL divergence (nats) to the corpus mix and to uniform."""
-        drawn = self._exposure.sum()
+    def telemetry(self, since: np.ndarray | None = None) -> dict[str, float]:
+        """Exposure statistics: clusters still active, max and mean repetition, and the entropy (nats)
+        of the sampled cluster mix with its KL divergence (nats) to the corpus mix and to uniform —
+        over the whole run, and with ``since`` (an earlier :meth:`exposure`) also over the window
+        since then (``window_*``)."""
         out = {"active_clusters": float(self.active_clusters()), "max_repetition": float(self.max_repetition()),
-               "mean_repetition": float(drawn / self.num_documents)}
-        if drawn:
-            q = self._exposure / drawn
-            nz = q > 0
-            corpus = self.sizes / self.sizes.sum()
-            out["mix_entropy"] = float(-(q[nz] * np.log(q[nz])).sum())
-            out["kl_to_corpus"] = float((q[nz] * np.log(q[nz] / corpus[nz])).sum())
-            out["kl_to_uniform"] = float((q[nz] * np.log(q[nz] * np.count_nonzero(self.sizes))).sum())
+               "mean_repetition": float(self._exposure.sum() / self.num_documents)}
+        out.update(mix_statistics(self._exposure, self.sizes))
+        if since is not None:
+            out.update({f"window_{k}": v for k, v in mix_statistics(self._exposure - since, self.sizes).items()})
         return out
+
+
+def mix_statistics(drawn: np.ndarray, sizes: np.ndarray) -> dict[str, float]:
+    """Entropy of the cluster mix ``drawn / sum(drawn)`` and its KL divergence to the corpus mix
+    (``sizes / N``) and to uniform over non-empty clusters, in nats; empty when nothing was drawn."""
+    total = drawn.sum()
+    if not total:
+        return {}
+    q = drawn / total
+    nz = q > 0
+    corpus = sizes / sizes.sum()
+    return {"mix_entropy": float(-(q[nz] * np.log(q[nz])).sum()),
+            "kl_to_corpus": float((q[nz] * np.log(q[nz] / corpus[nz])).sum()),
+            "kl_to_uniform": float((q[nz] * np.log(q[nz] * np.count_nonzero(sizes))).sum())}

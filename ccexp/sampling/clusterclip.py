@@ -52,12 +52,15 @@ class ClusterClipSampler(UniformSampler):
     """
 
     name = "clusterclip"
+    clip_optional = False
 
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
-                 clip_threshold: int = 5, after_clip: str = "uniform", on_exhausted: str = "error",
+                 clip_threshold: int | None = 5, after_clip: str = "uniform", on_exhausted: str = "error",
                  total_steps: int | None = None):
         super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps)
-        if int(clip_threshold) < 1:
+        if clip_threshold is None and self.clip_optional:
+            clip_threshold = 0  # 0 = no clip (only policies that build on this one allow it)
+        elif clip_threshold is None or int(clip_threshold) < 1:
             raise CcexpError(f"sampler.clip_threshold must be an integer >= 1, got {clip_threshold}")
         if after_clip not in ("uniform", "proportional"):
             raise CcexpError(f"sampler.after_clip={after_clip!r} is not an option; use 'uniform' or 'proportional'")
@@ -67,7 +70,7 @@ class ClusterClipSampler(UniformSampler):
         self.after_clip = after_clip
         self.on_exhausted = on_exhausted
         self._resets = 0
-        if self.total_steps is not None and on_exhausted == "error":
+        if self.clip_threshold and self.total_steps is not None and on_exhausted == "error":
             budget = self.total_steps * self.global_batch_size
             if budget > self.max_draws:
                 raise CcexpError(self._exhausted_message(budget))
@@ -87,8 +90,8 @@ class ClusterClipSampler(UniformSampler):
     def _limit(self) -> np.ndarray:
         return (self._resets + 1) * self.clip_threshold * self.sizes
 
-    def _quota(self, pending: np.ndarray) -> np.ndarray:
-        return self._limit() - self._exposure - pending
+    def _quota(self, exposure: np.ndarray) -> np.ndarray | None:
+        return self._limit() - exposure if self.clip_threshold else None
 
     def _on_no_active_cluster(self) -> None:
         if self.on_exhausted == "error":
@@ -96,7 +99,8 @@ class ClusterClipSampler(UniformSampler):
         self._resets += 1
 
     def active_clusters(self) -> int:
-        return int(np.count_nonzero(self._quota(np.zeros_like(self._exposure)) > 0))
+        quota = self._quota(self._exposure)
+        return super().active_clusters() if quota is None else int(np.count_nonzero(quota > 0))
 
     def documents_left(self) -> np.ndarray:
         """int64[K]: documents of each cluster not yet drawn M times (since the last reset)."""
@@ -105,29 +109,17 @@ class ClusterClipSampler(UniformSampler):
         return self.sizes - clipped
 
     def _draw(self, step: int) -> np.ndarray:
-        quota = self._quota(np.zeros_like(self._exposure))
-        clipped_any = bool(np.any((quota == 0) & (self.sizes > 0)))
+        clipped_any = self.clip_threshold and bool(np.any((self._quota(self._exposure) == 0) & (self.sizes > 0)))
         if self.after_clip == "uniform" or not clipped_any:
             return super()._draw(step)
-        return self._documents_for(self._proportional_clusters(step))
-
-    def _proportional_clusters(self, step: int) -> np.ndarray:
-        """B clusters drawn i.i.d. with probability proportional to documents left, within quota."""
         rng = np.random.default_rng([self.seed, _PROPORTIONAL_STREAM, step])
-        counts = np.zeros(self.num_clusters, dtype=np.int64)
-        need = self.global_batch_size
-        while need:
-            quota = self._quota(counts)
-            left = np.where(quota > 0, self.documents_left(), 0).astype(np.float64)
-            if left.sum() == 0:
-                self._on_no_active_cluster()
-                continue
-            extra = np.minimum(rng.multinomial(need, left / left.sum()), quota.clip(min=0))
-            counts += extra
-            need -= int(extra.sum())
-        return rng.permutation(np.repeat(np.arange(self.num_clusters), counts))
+        # clusters clipped during this batch drop out through their quota inside _iid_clusters
+        return self._documents(*self._iid_clusters(rng, self.documents_left().astype(np.float64),
+                                                   self.global_batch_size))
 
     def max_repetition(self) -> int:
+        if not self.clip_threshold:
+            return super().max_repetition()
         drawn = self._exposure - self._resets * self.clip_threshold * self.sizes
         nz = self.sizes > 0
         return int((-(-np.maximum(drawn[nz], 0) // self.sizes[nz])).max(initial=0))

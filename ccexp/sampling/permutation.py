@@ -1,10 +1,18 @@
-"""Stateless pseudo-random permutations of ``[0, n)``, vectorised over many ``(i, n, key)`` at once.
+"""Cheap, stateless permutations for the samplers' passes.
 
-The samplers need "the i-th element of a fresh random permutation of cluster c for pass p"
-without storing O(N) permutations. A 4-round Feistel network on ``2·h`` bits (``4**h >= n``) is a
-bijection of ``[0, 4**h)``; cycle-walking (re-encrypting while the value is ``>= n``) restricts it
-to a bijection of ``[0, n)`` (Black & Rogaway, "Ciphers with Arbitrary Finite Domains", CT-RSA
-2002, §3). Expected re-encryptions per element are below 4 because ``4**h < 4·n``.
+A sampler needs "the i-th document of pass p over cluster c" — a fresh order for every pass —
+without storing a permutation per pass. ccexp composes two permutations:
+
+1. a **static base order**: the cluster's members shuffled once, at construction, by a seeded
+   NumPy ``Generator`` (an O(N) index, like the members list itself, not state);
+2. a **per-pass affine map** ``i -> (a·i + b) mod n`` with ``a`` a prime larger than ``n``
+   (hence coprime with it, so the map is a bijection of ``[0, n)``) and ``a``, ``b`` drawn from a
+   SplitMix64 hash of ``(seed, c, p)``.
+
+Every pass therefore visits each member exactly once, in an order that differs from pass to pass,
+and position lookups are a handful of integer operations per index — no per-index Python, no O(N)
+state. The affine maps are not uniformly random permutations; they reorder a random base order,
+which is what the samplers' invariants (counts per pass) and a training stream need.
 """
 from __future__ import annotations
 
@@ -13,6 +21,45 @@ import numpy as np
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
+MAX_DOMAIN = 2**31  # a·i must fit in 64 bits: a < 2**32 and i < 2**31
+
+
+def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for n < 3.3e24 (bases: the first 12 primes)."""
+    if n < 2:
+        return False
+    small = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    if n in small:
+        return True
+    if any(n % p == 0 for p in small):
+        return False
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in small:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _primes_above(start: int, count: int) -> np.ndarray:
+    out, n = [], start | 1
+    while len(out) < count:
+        if _is_prime(n):
+            out.append(n)
+        n += 2
+    return np.array(out, dtype=np.uint64)
+
+
+# 64 multipliers in (2**31, 2**32): coprime with every domain size n < 2**31
+_MULTIPLIERS = _primes_above(2**31 + 2**30, 64)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -33,43 +80,40 @@ def derive_keys(seed: int, *streams: np.ndarray | int) -> np.ndarray:
     return key
 
 
-def permute(i: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
-    """Position ``i`` of the pseudo-random permutation of ``[0, n)`` selected by ``key``.
+def pass_hash(key: np.uint64, group: np.ndarray, pass_idx: np.ndarray) -> np.ndarray:
+    """uint64 hash of ``(key, group, pass)`` for ``group < 2**32``, ``pass < 2**32``."""
+    with np.errstate(over="ignore"):
+        packed = (group.astype(np.uint64) << np.uint64(32)) + pass_idx.astype(np.uint64)
+    return mix64(key ^ packed)
+
+
+def affine_permute(i: np.ndarray, n: np.ndarray | int, h: np.ndarray) -> np.ndarray:
+    """Position ``i`` of the affine permutation of ``[0, n)`` selected by hash ``h``.
 
     Args:
-        i: int array, each ``0 <= i < n`` (broadcast with ``n`` and ``key``).
-        n: domain sizes, ``>= 1``.
-        key: uint64 permutation keys (e.g. from :func:`derive_keys`).
+        i: int64 positions, ``0 <= i < n``.
+        n: int64 domain sizes, ``1 <= n < 2**31`` (broadcast with ``i`` and ``h``).
+        h: uint64 hashes (e.g. :func:`pass_hash`); ``a`` comes from the low 6 bits, ``b`` from the high 32.
 
     Returns:
-        int64 array: ``perm_key(i)``; for fixed ``(n, key)`` the map ``i -> perm_key(i)`` is a
-        bijection of ``[0, n)``.
-
-    Raises:
-        ValueError: if any ``i`` is outside ``[0, n)``.
+        int64 ``(a·i + b) mod n``: for fixed ``(n, h)`` a bijection of ``[0, n)``.
     """
-    i, n, key = np.broadcast_arrays(np.asarray(i, dtype=np.int64), np.asarray(n, dtype=np.int64),
-                                    np.asarray(key, dtype=np.uint64))
-    if i.size == 0:
-        return i.astype(np.int64)
-    if np.any((i < 0) | (i >= n)):
-        raise ValueError("permute: every i must satisfy 0 <= i < n")
-    # half-width h per element: smallest h >= 1 with 4**h >= n
-    bits = np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))).astype(np.int64)
-    half = np.maximum((bits + 1) // 2, 1).astype(np.uint64)
-    mask = (np.uint64(1) << half) - np.uint64(1)
-    round_keys = [mix64(key ^ np.uint64(r * 0x632BE59BD9B4E019 & 0xFFFFFFFFFFFFFFFF)) for r in range(4)]
+    n = np.asarray(n, dtype=np.int64).view(np.uint64)
+    a = _MULTIPLIERS[(h & np.uint64(63)).view(np.int64)]
+    b = ((h >> np.uint64(32)) * n) >> np.uint64(32)  # "fastrange": uniform in [0, n) without a division
+    with np.errstate(over="ignore"):
+        a *= np.ascontiguousarray(i, dtype=np.int64).view(np.uint64)
+        a += b
+        a %= n
+    return a.view(np.int64)
 
-    def encrypt(x: np.ndarray, sl) -> np.ndarray:
-        h, m = half[sl], mask[sl]
-        left, right = x >> h, x & m
-        for rk in round_keys:
-            left, right = right, left ^ (mix64(right ^ rk[sl]) & m)
-        return (left << h) | right
 
-    x = encrypt(i.astype(np.uint64), slice(None))
-    out_of_range = np.nonzero(x >= n.astype(np.uint64))[0]
-    while out_of_range.size:  # cycle-walking, only over the elements still outside [0, n)
-        x[out_of_range] = encrypt(x[out_of_range], out_of_range)
-        out_of_range = out_of_range[x[out_of_range] >= n[out_of_range].astype(np.uint64)]
-    return x.astype(np.int64)
+def shuffled_groups(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``labels`` grouped by label (ascending) and shuffled within each group.
+
+    Returns int32 indices when ``len(labels) < 2**31`` (else int64): the static base order.
+    """
+    n = labels.size
+    dtype = np.int32 if n < 2**31 else np.int64
+    shuffle = rng.permutation(n).astype(dtype)
+    return shuffle[np.argsort(labels[shuffle], kind="stable")].astype(dtype)

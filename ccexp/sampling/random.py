@@ -1,29 +1,43 @@
 """``random``: epoch-style shuffling of all N documents (SAMPLING.md, "random").
 
 Draw ``p`` of the run (``p = step·B + j``) is position ``p mod N`` of epoch ``p div N``'s
-permutation; each epoch's permutation is a fresh pseudo-random one keyed by ``(seed, epoch)``
-(:mod:`ccexp.sampling.permutation`). Within an epoch every document appears exactly once, and
-cluster ``c`` is drawn with frequency ``n_c / N``. State is the step counter only.
+permutation: a seeded base shuffle of all documents, re-ordered each epoch by an affine map keyed by
+``(seed, epoch)`` (:mod:`ccexp.sampling.permutation`). Within an epoch every document appears
+exactly once, and cluster ``c`` is drawn with frequency ``n_c / N``. State is the step counter only.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ccexp.errors import CcexpError
 from ccexp.sampling.base import Sampler
-from ccexp.sampling.permutation import derive_keys, permute
+from ccexp.sampling.permutation import MAX_DOMAIN, affine_permute, derive_keys, pass_hash
 
 _EPOCH_STREAM = 0x52414E44  # "RAND"
 
 
 class RandomSampler(Sampler):
-    """Uniform over documents, without replacement within an epoch. See :class:`Sampler` for args."""
+    """Uniform over documents, without replacement within an epoch. See :class:`Sampler` for args.
+
+    Raises:
+        CcexpError: for corpora of ``2**31`` documents or more.
+    """
 
     name = "random"
+
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
+                 total_steps: int | None = None):
+        super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps)
+        if self.num_documents >= MAX_DOMAIN:
+            raise CcexpError(f"random sampler supports fewer than {MAX_DOMAIN:,} documents")
+        self._base = np.random.default_rng([self.seed, _EPOCH_STREAM]).permutation(self.num_documents).astype(np.int32)
+        self._key = derive_keys(self.seed, _EPOCH_STREAM)
 
     def _draw(self, step: int) -> np.ndarray:
         pos = step * self.global_batch_size + np.arange(self.global_batch_size, dtype=np.int64)
         epoch, i = np.divmod(pos, self.num_documents)
-        docs = permute(i, self.num_documents, derive_keys(self.seed, _EPOCH_STREAM, epoch))
+        docs = self._base[affine_permute(i, self.num_documents, pass_hash(self._key, np.zeros_like(epoch), epoch))]
+        docs = docs.astype(np.int64)
         self._exposure += np.bincount(self.labels[docs], minlength=self.num_clusters)
         return docs
 

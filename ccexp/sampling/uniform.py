@@ -2,13 +2,13 @@
 
 Two levels, both *passes over pseudo-random permutations* so that no state is O(N):
 
-* **Clusters.** The cluster stream is a sequence of *rounds*; a round is a fresh permutation of the
-  clusters active when it starts (keyed by ``(seed, round)``). Every round visits each active
+* **Clusters.** The cluster stream is a sequence of *rounds*; a round is a fresh ordering of the
+  clusters active when it starts (keyed by ``(seed, round)``, see :mod:`ccexp.sampling.permutation`). Every round visits each active
   cluster once, so cluster frequencies are ``1/K`` up to one round, independent of ``n_c``; with
   ``B = K`` each batch holds one document of every cluster, as in the paper's Figure 1.
 * **Documents.** The ``e``-th draw from cluster ``c`` (``e`` = its exposure so far) is position
-  ``e mod n_c`` of pass ``e div n_c``'s permutation of the cluster's members (keyed by
-  ``(seed, c, pass)``). Repetition counts inside a cluster therefore never differ by more than one.
+  ``e mod n_c`` of pass ``e div n_c``'s permutation of the cluster's members (a seeded base shuffle
+  re-ordered per pass by a map keyed by ``(seed, c, pass)``). Repetition counts inside a cluster therefore never differ by more than one.
 
 Then ``P(x) = 1 / (K · n_c(x))`` and the expected repetitions of ``x`` after ``D`` draws are
 ``D / (K · n_c(x))``. State: step, exposure[K], round index, position in the round and the round's
@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from ccexp.sampling.base import Sampler
-from ccexp.sampling.permutation import derive_keys, permute
+from ccexp.errors import CcexpError
+from ccexp.sampling.permutation import MAX_DOMAIN, affine_permute, derive_keys, pass_hash, shuffled_groups
 
 _ROUND_STREAM = 0x524F554E  # "ROUN"
 _PASS_STREAM = 0x50415353  # "PASS"
@@ -35,73 +36,128 @@ class UniformSampler(Sampler):
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
                  total_steps: int | None = None):
         super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps)
-        # members of cluster c are members[starts[c]:starts[c+1]] (a static index, not state)
-        self._members = np.argsort(self.labels, kind="stable").astype(np.int64)
+        if self.sizes.max() >= MAX_DOMAIN:
+            raise CcexpError(f"{self.name} sampler supports clusters of fewer than {MAX_DOMAIN:,} documents")
+        # members of cluster c are members[starts[c]:starts[c+1]], shuffled once (a static index, not state)
+        self._members = shuffled_groups(self.labels, np.random.default_rng([self.seed, _PASS_STREAM]))
         self._starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self._cluster_base = np.random.default_rng([self.seed, _ROUND_STREAM]).permutation(self.num_clusters)
+        self._pass_key = derive_keys(self.seed, _PASS_STREAM)
+        self._round_key = derive_keys(self.seed, _ROUND_STREAM)
         self._round = 0
         self._round_pos = 0
         self._round_mask = self.sizes > 0
         self._round_order_cache: tuple[int, np.ndarray] | None = None
 
     # -- hooks for clipping policies ----------------------------------------------------------
-    def _quota(self, pending: np.ndarray) -> np.ndarray | None:
-        """int64[K] draws each cluster may still take (given ``pending`` draws of this batch), or
-        None for unlimited."""
+    def _quota(self, exposure: np.ndarray) -> np.ndarray | None:
+        """int64[K] draws each cluster may still take at ``exposure``, or None for unlimited."""
         return None
 
     def _on_no_active_cluster(self) -> None:
         raise AssertionError("unreachable without a clip")
 
     # -- drawing ------------------------------------------------------------------------------
+    def _rounds(self, first: int, count: int) -> np.ndarray:
+        """Cluster order of rounds ``first .. first+count-1`` over the current active set, concatenated."""
+        active = self._cluster_base[self._round_mask[self._cluster_base]]
+        if active.size == 0:
+            return active
+        k = active.size
+        rounds = first + np.arange(count)
+        h = np.repeat(pass_hash(self._round_key, np.zeros_like(rounds), rounds), k)
+        return active[affine_permute(np.tile(np.arange(k), count), k, h)]
+
     def _round_order(self) -> np.ndarray:
         if self._round_order_cache is None or self._round_order_cache[0] != self._round:
-            active = np.flatnonzero(self._round_mask)
-            pos = permute(np.arange(active.size), active.size, derive_keys(self.seed, _ROUND_STREAM, self._round))
-            self._round_order_cache = (self._round, active[pos])
+            self._round_order_cache = (self._round, self._rounds(self._round, 1))
         return self._round_order_cache[1]
 
-    def _next_clusters(self, count: int) -> np.ndarray:
-        """The next ``count`` clusters of the round stream, skipping clusters without quota."""
-        chosen: list[np.ndarray] = []
-        pending = np.zeros(self.num_clusters, dtype=np.int64)  # this batch's draws so far
+    def _next_clusters(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``count`` draws of the round stream, skipping clusters without quota.
+
+        Returns:
+            ``clusters`` int64[count] and ``ordinal`` int64[count]: the draw is the ``ordinal``-th
+            from its cluster since the start of the run. ``self._exposure`` is advanced.
+        """
+        clusters: list[np.ndarray] = []
+        ordinals: list[np.ndarray] = []
+        exposure = self._exposure  # advanced in place; a round holds each cluster at most once
         need = count
         while need:
             rest = self._round_order()[self._round_pos:]
-            quota = self._quota(pending)
-            ok_at = np.arange(rest.size) if quota is None else np.flatnonzero(quota[rest] > 0)
+            quota = self._quota(exposure)
+            ok_at = np.arange(min(need, rest.size)) if quota is None else np.flatnonzero(quota[rest] > 0)
             take = rest[ok_at[:need]]
-            pending[take] += 1  # a round holds each cluster once, so no duplicates here
-            chosen.append(take)
+            clusters.append(take)
+            ordinals.append(exposure[take])
+            exposure[take] += 1
             need -= take.size
             if need == 0:
                 self._round_pos += int(ok_at[take.size - 1]) + 1
                 break
-            # the round is used up: start the next one over the clusters still active
-            self._round += 1
-            self._round_pos = 0
-            quota = self._quota(pending)
-            self._round_mask = self.sizes > 0 if quota is None else quota > 0
-            if not self._round_mask.any():
-                self._on_no_active_cluster()  # raises, or resets the clip counters
-                self._round_mask = self.sizes > 0
-        return np.concatenate(chosen)
+            self._start_round(self._round + 1)
+            # whole rounds that no clip can interrupt are drawn in one vectorised block
+            active = np.flatnonzero(self._round_mask)
+            rounds = need // active.size
+            if quota is not None and rounds:
+                rounds = min(rounds, int(self._quota(exposure)[active].min()))
+            if rounds:
+                block = self._rounds(self._round, rounds)
+                clusters.append(block)
+                ordinals.append(exposure[block] + np.repeat(np.arange(rounds), active.size))
+                exposure[active] += rounds
+                need -= block.size
+                # the next round; if this batch is complete, an exhausted pool is handled on the next draw
+                self._start_round(self._round + rounds, defer_exhaustion=need == 0)
+        return np.concatenate(clusters), np.concatenate(ordinals)
 
-    def _documents_for(self, clusters: np.ndarray) -> np.ndarray:
-        """Map a batch of cluster draws to documents via each cluster's pass permutations."""
-        order = np.argsort(clusters, kind="stable")
-        sorted_c = clusters[order]
-        first = np.searchsorted(sorted_c, sorted_c, side="left")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.size) - first  # draws of the same cluster earlier in the batch
-        g = self._exposure[clusters] + rank
+    def _start_round(self, index: int, defer_exhaustion: bool = False) -> None:
+        """Begin round ``index`` over the clusters that still have quota."""
+        self._round = index
+        self._round_pos = 0
+        quota = self._quota(self._exposure)
+        self._round_mask = self.sizes > 0 if quota is None else quota > 0
+        if not self._round_mask.any() and not defer_exhaustion:
+            self._on_no_active_cluster()  # raises, or resets the clip counters
+            self._round_mask = self.sizes > 0
+
+    def _iid_clusters(self, rng: np.random.Generator, weights: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` i.i.d. draws with probability proportional to ``weights`` (float[K]), never more
+        than a cluster's quota; same return contract as :meth:`_next_clusters`."""
+        counts = np.zeros(self.num_clusters, dtype=np.int64)
+        need = count
+        while need:
+            quota = self._quota(self._exposure + counts)
+            w = weights if quota is None else np.where(quota > 0, weights, 0.0)
+            if w.sum() <= 0:
+                if quota is None or not (quota > 0).any():
+                    self._on_no_active_cluster()  # raises, or resets the clip counters
+                    continue
+                w = (quota > 0).astype(np.float64)  # zero weight left on the active clusters
+            extra = rng.multinomial(need, w / w.sum())
+            if quota is not None:
+                extra = np.minimum(extra, quota.clip(min=0))
+            counts += extra
+            need -= int(extra.sum())
+        clusters = np.repeat(np.arange(self.num_clusters), counts)
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        ordinal = self._exposure[clusters] + (np.arange(count) - first)
+        self._exposure += counts
+        order = rng.permutation(count)
+        return clusters[order], ordinal[order]
+
+    def _documents(self, clusters: np.ndarray, ordinal: np.ndarray) -> np.ndarray:
+        """Document of each draw: position ``ordinal mod n_c`` of pass ``ordinal div n_c``'s permutation
+        of cluster c's members."""
         n = self.sizes[clusters]
-        pass_idx, i = np.divmod(g, n)
-        pos = permute(i, n, derive_keys(self.seed, _PASS_STREAM, clusters, pass_idx))
-        self._exposure += np.bincount(clusters, minlength=self.num_clusters)
-        return self._members[self._starts[clusters] + pos]
+        pass_idx = ordinal // n
+        pos = affine_permute(ordinal - pass_idx * n, n, pass_hash(self._pass_key, clusters, pass_idx))
+        pos += self._starts[clusters]
+        return self._members[pos].astype(np.int64)
 
     def _draw(self, step: int) -> np.ndarray:
-        return self._documents_for(self._next_clusters(self.global_batch_size))
+        return self._documents(*self._next_clusters(self.global_batch_size))
 
     def max_repetition(self) -> int:
         nz = self.sizes > 0

@@ -42,10 +42,19 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
 
 
 def run_name(cfg: DictConfig) -> str:
-    """A readable run name: ``<recipe|data>-<model>-<sampler>-k<K>-s<seed>`` (never MLflow's random one,
-    which repeats after a fixed seed)."""
+    """A readable run name, ``<recipe|data>-<model>-<sampler>-k<K>-s<seed>-<config hash>`` (never
+    MLflow's random one, which repeats after a fixed seed). The 4-hex-digit hash of the resolved
+    config (paths excluded) tells apart runs that differ in any other setting; reruns of one config
+    share it."""
+    import hashlib
+    import json
+
     data = OmegaConf.select(cfg, "recipe_name") or cfg.data.name
-    return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cfg.clusterer.k}-s{cfg.seed}"
+    container = OmegaConf.to_container(cfg, resolve=True)
+    container.pop("paths", None)
+    container.get("train", {}).pop("resume_from", None)
+    digest = hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:4]
+    return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cfg.clusterer.k}-s{cfg.seed}-{digest}"
 
 
 def make_logger(cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = None):
@@ -58,5 +67,29 @@ def make_logger(cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = No
     artifacts = Path(cfg.logger.artifact_location or outputs / "mlartifacts").resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     os.environ.pop("MLFLOW_RUN_ID", None)  # a stale id in the environment would hijack the run
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    if client.get_experiment_by_name(cfg.logger.experiment) is None:
+        client.create_experiment(cfg.logger.experiment, artifact_location=artifacts.as_uri())
     return MLFlowLogger(experiment_name=cfg.logger.experiment, run_name=run_name(cfg), tracking_uri=uri,
                         artifact_location=artifacts.as_uri(), tags=tags or {}, log_model=False)
+
+
+def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
+    """Make metric names MLflow-safe: characters outside ``[A-Za-z0-9_./ -]`` become ``_``, an empty
+    last part becomes ``(empty)``, and names that collide after that get a short hash of the original."""
+    import hashlib
+    import re
+
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        head, _, tail = name.rpartition("/")
+        safe_tail = re.sub(r"[^A-Za-z0-9_.\- ]", "_", tail).strip() or "(empty)"
+        safe_tail = safe_tail.replace("(empty)", "_empty_")
+        safe = f"{head}/{safe_tail}" if head else safe_tail
+        if safe != name and (safe in out or safe in metrics):
+            safe = f"{safe}_{hashlib.sha256(name.encode()).hexdigest()[:6]}"
+        out[safe] = value
+    return out

@@ -30,18 +30,30 @@ class CausalLMModule(L.LightningModule):
     Logs ``train/loss`` (token-mean, nats) each step and keeps per-cluster running sums of loss
     (nats) and tokens, float64[K] and int64[K], for telemetry and evaluation.
 
+    Every step the per-cluster summed token loss and token counts (float64[K], int64[K]) are
+    all-reduced over data-parallel ranks and passed to ``sampler.observe`` — the feedback that
+    dynamic policies use — before any callback runs, so a checkpoint taken after the step holds it.
+    When the sampler has ``loss_weights()`` (CluSTER), token t's loss is multiplied by
+    ``w[cluster(t)]``.
+
     Args:
         model: a ``transformers`` causal LM.
         num_clusters: K.
+        sampler: the policy that orders the data (optional in tests).
         lr, weight_decay, betas: AdamW settings.
         warmup_steps, total_steps: linear warm-up then cosine decay to 10 % of ``lr``.
     """
 
-    def __init__(self, model: torch.nn.Module, num_clusters: int, *, lr: float = 1e-3, weight_decay: float = 0.1,
-                 betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 20, total_steps: int = 100):
+    def __init__(self, model: torch.nn.Module, num_clusters: int, *, sampler=None, lr: float = 1e-3,
+                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 20,
+                 total_steps: int = 100):
         super().__init__()
         self.model = model
+        self.sampler = sampler
         self.num_clusters = int(num_clusters)
+        weights = sampler.loss_weights() if sampler is not None else None
+        self.register_buffer("loss_weights", None if weights is None else torch.as_tensor(weights, dtype=torch.float32),
+                             persistent=False)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.warmup_steps, self.total_steps = int(warmup_steps), int(total_steps)
         self.register_buffer("cluster_loss_sum", torch.zeros(self.num_clusters, dtype=torch.float64), persistent=True)
@@ -52,11 +64,23 @@ class CausalLMModule(L.LightningModule):
         logits = self.model(input_ids=batch["input_ids"], attention_mask=(batch["cluster_ids"] >= 0).long()).logits
         loss_tok, mask = token_losses(logits, batch["labels"])
         n_tok = mask.sum()
-        loss = loss_tok.sum() / n_tok.clamp(min=1)
+        cid = batch["cluster_ids"][:, 1:][mask]
+        if self.loss_weights is None:
+            loss = loss_tok.sum() / n_tok.clamp(min=1)
+        else:
+            loss = (loss_tok[mask] * self.loss_weights[cid]).sum() / n_tok.clamp(min=1)
         with torch.no_grad():
-            cid = batch["cluster_ids"][:, 1:][mask]
-            self.cluster_loss_sum.index_add_(0, cid, loss_tok[mask].double())
-            self.cluster_tokens.index_add_(0, cid, torch.ones_like(cid))
+            step_loss = torch.zeros(self.num_clusters, dtype=torch.float64, device=cid.device)
+            step_loss.index_add_(0, cid, loss_tok[mask].double())
+            step_tokens = torch.zeros(self.num_clusters, dtype=torch.int64, device=cid.device)
+            step_tokens.index_add_(0, cid, torch.ones_like(cid))
+            if self.trainer.world_size > 1:
+                step_loss = self.trainer.strategy.reduce(step_loss, reduce_op="sum")
+                step_tokens = self.trainer.strategy.reduce(step_tokens, reduce_op="sum")
+            self.cluster_loss_sum += step_loss
+            self.cluster_tokens += step_tokens
+            if self.sampler is not None:
+                self.sampler.observe(int(batch["step"]), step_loss.cpu().numpy(), step_tokens.cpu().numpy())
         self.tokens_seen += int(n_tok)
         self.log("train/loss", loss, prog_bar=True, on_step=True, batch_size=int(batch["input_ids"].shape[0]))
         self.log("train/tokens", float(self.tokens_seen), on_step=True, batch_size=1)

@@ -12,7 +12,6 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig
 
 from ccexp.build import build
-from ccexp.errors import CcexpError
 from ccexp.sampling import Sampler
 from ccexp.training.data import SamplerDataModule
 from ccexp.training.module import CausalLMModule
@@ -21,42 +20,83 @@ log = logging.getLogger("ccexp")
 
 
 class SamplerTelemetry(Callback):
-    """Log the policy's telemetry (``sampler/*``) every ``every`` steps, on rank 0."""
+    """Log the policy's telemetry (``sampler/*``: cumulative, and ``window_*`` over the last
+    ``every`` steps) every ``every`` steps, on rank 0; with at most ``max_clusters`` clusters also each
+    cluster's exposure (documents drawn so far) and, for weighted policies, its weight."""
 
-    def __init__(self, sampler: Sampler, every: int):
-        self.sampler, self.every = sampler, max(1, int(every))
+    def __init__(self, sampler: Sampler, every: int, max_clusters: int = 64):
+        self.sampler, self.every, self.max_clusters = sampler, max(1, int(every)), int(max_clusters)
+        self.last_exposure = sampler.exposure()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if trainer.is_global_zero and trainer.logger is not None and (step % self.every == 0 or step == trainer.max_steps):
-            trainer.logger.log_metrics({f"sampler/{k}": v for k, v in self.sampler.telemetry().items()}, step=step)
+        if not (trainer.is_global_zero and trainer.logger is not None and
+                (step % self.every == 0 or step == trainer.max_steps)):
+            return
+        metrics = {f"sampler/{k}": v for k, v in self.sampler.telemetry(since=self.last_exposure).items()}
+        self.last_exposure = self.sampler.exposure()
+        if self.sampler.num_clusters <= self.max_clusters:
+            metrics.update({f"sampler/exposure/{c:04d}": float(e) for c, e in enumerate(self.sampler.exposure())})
+            weights = self.sampler.weights()
+            if weights is not None:
+                metrics.update({f"sampler/weight/{c:04d}": float(w) for c, w in enumerate(weights)})
+        trainer.logger.log_metrics(metrics, step=step)
+
+
+class BatchRecorder(Callback):
+    """Save the documents each rank trained on, per step, to ``<dir>/rank<r>.npz``: ``steps`` int64[S],
+    ``docs`` int64[S, B/W] (this rank's slice) and ``global_docs`` int64[S, B] (the global batch this
+    rank's sampler drew), for checking the stream across world sizes and resumes."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.steps, self.docs, self.global_docs = Path(out_dir), [], [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = int(batch["step"])
+        self.steps.append(step)
+        self.docs.append(np.asarray(batch["docs"]))
+        self.global_docs.append(np.asarray(trainer.datamodule.drawn[step]))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(self.out_dir / f"rank{trainer.global_rank}.npz", steps=np.array(self.steps, dtype=np.int64),
+                 docs=np.stack(self.docs), global_docs=np.stack(self.global_docs))
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callback]) -> L.Trainer:
     t = cfg.trainer
     if t.accelerator == "cpu" and t.threads:
         torch.set_num_threads(int(t.threads))
-    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise CcexpError(f"trainer={t.name} needs a CUDA GPU and none is visible; use trainer=cpu")
-    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)
+    every = cfg.train.checkpoint_every_n_steps
+    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step}", auto_insert_metric_name=False,
+                           save_last=True, save_top_k=-1 if every else 0, every_n_train_steps=every or None)
     return L.Trainer(accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-                     precision=t.precision, max_steps=cfg.train.steps, logger=logger if logger else False,
+                     precision=t.precision, max_steps=cfg.train.steps, max_epochs=1, logger=logger if logger else False,
                      callbacks=[ckpt, *callbacks], use_distributed_sampler=False,
                      log_every_n_steps=cfg.train.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
                      accumulate_grad_batches=t.accumulate_grad_batches, enable_progress_bar=t.enable_progress_bar,
                      num_sanity_val_steps=0, default_root_dir=str(run_dir), enable_model_summary=False)
 
 
-def make_sampler(cfg: DictConfig, train_labels: np.ndarray, sizes: np.ndarray) -> Sampler:
+_BUDGET = object()
+
+
+def make_sampler(cfg: DictConfig, train_labels: np.ndarray, sizes: np.ndarray,
+                 similarity: np.ndarray | None = None, total_steps=_BUDGET) -> Sampler:
+    """Build the configured policy over the training documents (``similarity``: float[N_train]
+    cosine similarity to the centroid, given to policies that take it)."""
+    import inspect
+
+    from hydra.utils import get_method
+
+    extra = {}
+    if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
+        extra["similarity"] = similarity
     return build(cfg.sampler, "sampler", labels=train_labels, sizes=sizes, global_batch_size=cfg.train.global_batch_size,
-                 seed=cfg.seed, total_steps=cfg.train.steps)
+                 seed=cfg.seed, total_steps=cfg.train.steps if total_steps is _BUDGET else total_steps, **extra)
 
 
 def make_model(cfg: DictConfig, tok) -> torch.nn.Module:
-    need = max(cfg.train.seq_len, cfg.eval.max_tokens + 1)
-    if cfg.model.name == "tiny_gpt" and cfg.model.n_positions < need:
-        raise CcexpError(f"model.n_positions={cfg.model.n_positions} is shorter than train.seq_len / eval.max_tokens+1 "
-                         f"({need}); raise model.n_positions")
     return build(cfg.model, "model", vocab_size=len(tok), eos_id=tok.eos_token_id)
 
 
@@ -65,8 +105,18 @@ def fit(cfg: DictConfig, *, run_dir: Path, logger, sampler: Sampler, model: torc
     """Fit ``model`` for ``train.steps`` optimizer steps in the order ``sampler`` chooses."""
     dm = SamplerDataModule(sampler, total_steps=cfg.train.steps, seq_len=cfg.train.seq_len,
                            max_doc_tokens=cfg.train.max_doc_tokens, **datamodule_args)
-    module = CausalLMModule(model, sampler.num_clusters, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-                            warmup_steps=cfg.train.warmup_steps, total_steps=cfg.train.steps)
-    trainer = build_trainer(cfg, run_dir, logger, [SamplerTelemetry(sampler, cfg.train.log_every_n_steps)])
+    module = CausalLMModule(model, sampler.num_clusters, sampler=sampler, lr=cfg.train.lr,
+                            weight_decay=cfg.train.weight_decay, warmup_steps=cfg.train.warmup_steps,
+                            total_steps=cfg.train.steps)
+    callbacks: list[Callback] = [SamplerTelemetry(sampler, cfg.train.log_every_n_steps)]
+    if cfg.train.record_batches:
+        callbacks.append(BatchRecorder(run_dir / "batches"))
+    trainer = build_trainer(cfg, run_dir, logger, callbacks)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    if "spawn" in str(cfg.trainer.strategy):
+        # the ranks ran in child processes: take the sampler state of the final checkpoint
+        last = run_dir / "checkpoints" / "last.ckpt"
+        state = torch.load(last, map_location="cpu", weights_only=False)
+        dm.load_state_dict(state[type(dm).__qualname__])
+        module.load_state_dict(state["state_dict"], strict=False)
     return trainer, module

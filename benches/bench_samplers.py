@@ -1,0 +1,108 @@
+"""Sampler throughput at corpus scale: indices/second per policy against the naive way.
+
+Builds a label array of N documents (default 100M) over K clusters (default 10,000) with
+Zipf-distributed cluster sizes (exponent 1.1), then, for each policy, times construction and the
+drawing of ``--steps`` global batches of ``--batch`` documents on one core. The baseline, run in the
+same process, is the naive way to sample from per-document weights: ``torch.multinomial`` over N
+weights (torch caps the number of categories at 2**24, so the baseline runs on the largest N it
+accepts and its rate is reported per index drawn). Peak memory is traced per policy (tracemalloc
+sees NumPy's allocations) on top of the shared label array.
+
+Usage:
+    python benches/bench_samplers.py                       # 100M documents, 10k clusters
+    python benches/bench_samplers.py --documents 10000000  # quicker
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import time
+import tracemalloc
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler,  # noqa: E402
+                            UniformSampler)
+
+
+def zipf_labels(n: int, k: int, exponent: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    w = 1.0 / np.arange(1, k + 1) ** exponent
+    sizes = np.maximum(1, np.floor(w / w.sum() * n)).astype(np.int64)
+    sizes[0] += n - sizes.sum()
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(k, dtype=np.int32), sizes)
+    rng.shuffle(labels)
+    return labels, sizes
+
+
+def time_policy(name, make, steps, feedback):
+    gc.collect()
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    sampler = make()
+    build = time.perf_counter() - t0
+    sampler.next_global_batch(0)  # warm-up step (caches, first round)
+    t0 = time.perf_counter()
+    for t in range(1, steps + 1):
+        docs = sampler.next_global_batch(t)
+        if feedback:
+            tokens = np.bincount(sampler.labels[docs], minlength=sampler.num_clusters)
+            sampler.observe(t, tokens * 2.0, tokens)
+    secs = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    n = steps * sampler.global_batch_size
+    del sampler
+    return {"policy": name, "build_s": build, "indices_per_s": n / secs, "peak_mb": peak / 2**20}
+
+
+def naive_multinomial(n_docs: int, batch: int, steps: int) -> float:
+    torch.set_num_threads(1)
+    n = min(n_docs, 2**24)
+    weights = torch.rand(n, dtype=torch.float64)
+    torch.multinomial(weights, batch, replacement=True)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        torch.multinomial(weights, batch, replacement=True)
+    return steps * batch / (time.perf_counter() - t0), n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--documents", type=int, default=100_000_000)
+    ap.add_argument("--clusters", type=int, default=10_000)
+    ap.add_argument("--batch", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    labels, sizes = zipf_labels(args.documents, args.clusters, args.zipf, args.seed)
+    print(f"corpus: {args.documents:,} documents, {args.clusters:,} clusters (Zipf {args.zipf}: largest "
+          f"{sizes.max():,}, smallest {sizes.min():,}), labels {labels.nbytes / 2**20:.0f} MiB, "
+          f"built in {time.perf_counter() - t0:.1f} s")
+    base_rate, base_n = naive_multinomial(args.documents, args.batch, max(3, args.steps // 3))
+    print(f"baseline: torch.multinomial over {base_n:,} per-document weights: {base_rate / 1e6:.2f} M indices/s "
+          f"(1 thread)")
+    b, k = args.batch, args.clusters
+    policies = [
+        ("random", lambda: RandomSampler(labels, sizes, global_batch_size=b), False),
+        ("uniform", lambda: UniformSampler(labels, sizes, global_batch_size=b), False),
+        ("clusterclip", lambda: ClusterClipSampler(labels, sizes, global_batch_size=b, clip_threshold=5), False),
+        ("dynamic", lambda: DynamicSampler(labels, sizes, global_batch_size=b, warmup_steps=0, update_every=1), True),
+        ("cluster_dp", lambda: ClusterDPSampler(labels, sizes, global_batch_size=b // k * k, keep="random"), False),
+    ]
+    print(f"{'policy':12s} {'build s':>8s} {'M idx/s':>8s} {'vs naive':>9s} {'peak MiB':>9s}")
+    for name, make, feedback in policies:
+        r = time_policy(name, make, args.steps, feedback)
+        print(f"{r['policy']:12s} {r['build_s']:8.1f} {r['indices_per_s'] / 1e6:8.2f} "
+              f"{r['indices_per_s'] / base_rate:8.2f}x {r['peak_mb']:9.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""``dynamic``: online cluster reweighting from the training loss (SAMPLING.md, "dynamic").
+
+Cluster weights ``π`` (on the simplex) are updated every ``update_every`` steps after
+``warmup_steps`` from the per-cluster mean token loss ``L_c`` that the runner reports through
+:meth:`observe` (summed over the window and all-reduced over data-parallel ranks). Clusters are
+drawn i.i.d. from ``π``; documents within a cluster are passes over a permutation, as in
+``uniform``; the optional repetition clip is ClusterClip's (``clip_threshold``, ``on_exhausted``).
+
+Rules (``K`` = non-empty clusters, ``t`` = index of the update, 1-based):
+
+* ``odm`` (default) — Online Data Mixing, Albalak et al., arXiv 2312.02406, smoothed-mean EXP3
+  (``group_update`` in the reference code):
+  ``R_c ← β R_c + (1-β) exp(L_c)``, ``ε_t = min(1/K, sqrt(ln K / (K t)))``,
+  ``w_c = (1 - K ε_t) R_c / Σ_j R_j + ε_t`` (the paper's ``ε_{t-1}`` factors cancel), ``π = w``.
+  A cluster's ``R`` starts at its first observation; clusters never observed take the mean ``R``.
+* ``doremi`` — DoReMi's excess-loss update, Xie et al., arXiv 2305.10429, Alg. 1, with a
+  reference model's per-cluster loss ``L_ref`` (``reference_losses``):
+  ``log w ← log w + η · max(L_c − L_ref,c, 0)``, ``π = (1-ε) softmax(log w) + ε/K``.
+
+Invariants (tested): ``π`` stays on the simplex with ``π_c ≥ ε_t``; equal losses keep ``π``
+uniform; a cluster with persistently higher loss gains probability; no update during warm-up.
+State: O(K) (``R``, ``log w``, ``π``, the open window's sums, counters).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ccexp.errors import CcexpError
+from ccexp.sampling.clusterclip import ClusterClipSampler
+
+_DYNAMIC_STREAM = 0x44594E41  # "DYNA"
+
+
+def load_reference_losses(source: str | Sequence[float] | None, num_clusters: int) -> np.ndarray | None:
+    """float64[K] reference per-cluster losses from a list, a ``.npy`` file or a JSON list file.
+
+    Raises:
+        CcexpError: if the file is missing or the length is not K.
+    """
+    if source is None:
+        return None
+    if isinstance(source, (str, Path)):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise CcexpError(f"sampler.reference_losses={str(source)!r} does not exist; give a .npy or .json file "
+                             "with one loss per cluster")
+        values = np.load(path) if path.suffix == ".npy" else np.asarray(json.loads(path.read_text()), dtype=float)
+    else:
+        values = np.asarray(list(source), dtype=np.float64)
+    if values.shape != (num_clusters,) or not np.isfinite(values).all():
+        raise CcexpError(f"sampler.reference_losses must hold {num_clusters} finite values (one per cluster), "
+                         f"got shape {values.shape}")
+    return values.astype(np.float64)
+
+
+class DynamicSampler(ClusterClipSampler):
+    """Online cluster reweighting; see the module docstring.
+
+    Args:
+        labels, sizes, global_batch_size, seed, total_steps: see :class:`ccexp.sampling.base.Sampler`.
+        rule: ``odm`` or ``doremi`` (the latter needs ``reference_losses``).
+        update_every: steps per weight update (the ODM paper uses 1).
+        warmup_steps: steps sampled uniformly over clusters, without updates.
+        beta: ODM smoothing of the reward, in [0, 1).
+        eta: DoReMi step size, > 0.
+        epsilon: DoReMi smoothing towards uniform, in [0, 1].
+        reference_losses: DoReMi's per-cluster reference loss (list, .npy or .json), nats/token.
+        clip_threshold, on_exhausted: ClusterClip's repetition clip (None = no clip).
+
+    Raises:
+        CcexpError: for an unknown rule or an invalid parameter.
+    """
+
+    name = "dynamic"
+    clip_optional = True
+
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
+                 total_steps: int | None = None, rule: str = "odm", update_every: int = 10, warmup_steps: int = 50,
+                 beta: float = 0.9, eta: float = 1.0, epsilon: float = 1e-3,
+                 reference_losses: str | Sequence[float] | None = None, clip_threshold: int | None = None,
+                 on_exhausted: str = "error"):
+        super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps,
+                         clip_threshold=clip_threshold, on_exhausted=on_exhausted)
+        if rule not in ("odm", "doremi"):
+            raise CcexpError(f"sampler.rule={rule!r} is not an option; use 'odm' or 'doremi'")
+        if int(update_every) < 1 or int(warmup_steps) < 0:
+            raise CcexpError("sampler.update_every must be >= 1 and sampler.warmup_steps >= 0")
+        if not 0.0 <= beta < 1.0 or eta <= 0 or not 0.0 <= epsilon <= 1.0:
+            raise CcexpError(f"need 0 <= sampler.beta < 1, sampler.eta > 0, 0 <= sampler.epsilon <= 1; got "
+                             f"beta={beta}, eta={eta}, epsilon={epsilon}")
+        self.reference_losses = load_reference_losses(reference_losses, self.num_clusters)
+        if rule == "doremi" and self.reference_losses is None:
+            raise CcexpError("sampler.rule=doremi needs sampler.reference_losses (a reference model's per-cluster "
+                             "loss); use rule=odm without one")
+        self.rule, self.update_every, self.warmup_steps = rule, int(update_every), int(warmup_steps)
+        self.beta, self.eta, self.epsilon = float(beta), float(eta), float(epsilon)
+        self._present = self.sizes > 0
+        self._k = int(self._present.sum())
+        self._pi = np.where(self._present, 1.0 / self._k, 0.0)
+        self._reward = np.full(self.num_clusters, np.nan)
+        self._log_w = np.zeros(self.num_clusters)
+        self._updates = 0
+        self._window_loss = np.zeros(self.num_clusters)
+        self._window_tokens = np.zeros(self.num_clusters, dtype=np.int64)
+
+    # -- the feedback loop --------------------------------------------------------------------
+    def observe(self, step: int, cluster_loss: np.ndarray, cluster_tokens: np.ndarray) -> None:
+        """Add one step's per-cluster summed token loss (float[K], nats) and token counts (int[K]);
+        update ``π`` at the end of every ``update_every``-step window after warm-up."""
+        self._window_loss += np.asarray(cluster_loss, dtype=np.float64)
+        self._window_tokens += np.asarray(cluster_tokens, dtype=np.int64)
+        if (step + 1) % self.update_every:
+            return
+        if step + 1 > self.warmup_steps:
+            seen = self._window_tokens > 0
+            mean_loss = np.zeros(self.num_clusters)
+            mean_loss[seen] = self._window_loss[seen] / self._window_tokens[seen]
+            self._update(mean_loss, seen)
+        self._window_loss[:] = 0.0
+        self._window_tokens[:] = 0
+
+    def epsilon_t(self, t: int) -> float:
+        """ODM's exploration rate after ``t`` updates: ``min(1/K, sqrt(ln K / (K t)))``."""
+        k = self._k
+        return 1.0 / k if t == 0 or k == 1 else min(1.0 / k, float(np.sqrt(np.log(k) / (k * t))))
+
+    def _update(self, mean_loss: np.ndarray, seen: np.ndarray) -> None:
+        self._updates += 1
+        if self.rule == "odm":
+            gain = np.exp(np.minimum(mean_loss[seen], 700.0))
+            first = seen & np.isnan(self._reward)
+            self._reward[first] = gain[first[seen]]
+            again = seen & ~first
+            self._reward[again] = self.beta * self._reward[again] + (1 - self.beta) * gain[again[seen]]
+            reward = np.where(np.isnan(self._reward), np.nanmean(self._reward), self._reward)
+            reward = np.where(self._present, reward, 0.0)
+            eps = self.epsilon_t(self._updates)
+            w = (1 - self._k * eps) * reward / reward.sum() + eps
+        else:
+            excess = np.where(seen, np.maximum(mean_loss - self.reference_losses, 0.0), 0.0)
+            self._log_w = self._log_w + self.eta * excess
+            z = np.where(self._present, self._log_w, -np.inf)
+            soft = np.exp(z - z.max())
+            w = (1 - self.epsilon) * soft / soft.sum() + self.epsilon / self._k
+        self._pi = np.where(self._present, w, 0.0)
+        self._pi /= self._pi.sum()
+
+    # -- drawing ------------------------------------------------------------------------------
+    def weights(self) -> np.ndarray:
+        return self._pi.copy()
+
+    def _draw(self, step: int) -> np.ndarray:
+        if step < self.warmup_steps:  # warm-up: ClusterClip/uniform rounds over the clusters
+            return super()._draw(step)
+        rng = np.random.default_rng([self.seed, _DYNAMIC_STREAM, step])
+        return self._documents(*self._iid_clusters(rng, self._pi, self.global_batch_size))
+
+    def telemetry(self, since: np.ndarray | None = None) -> dict[str, float]:
+        out = super().telemetry(since)
+        out["updates"] = float(self._updates)
+        if self.rule == "odm":
+            out["epsilon"] = self.epsilon_t(self._updates)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "pi": self._pi.copy(), "reward": self._reward.copy(),
+                "log_w": self._log_w.copy(), "updates": self._updates, "window_loss": self._window_loss.copy(),
+                "window_tokens": self._window_tokens.copy(), "rule": self.rule}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._pi = np.asarray(state["pi"], dtype=np.float64).copy()
+        self._reward = np.asarray(state["reward"], dtype=np.float64).copy()
+        self._log_w = np.asarray(state["log_w"], dtype=np.float64).copy()
+        self._updates = int(state["updates"])
+        self._window_loss = np.asarray(state["window_loss"], dtype=np.float64).copy()
+        self._window_tokens = np.asarray(state["window_tokens"], dtype=np.int64).copy()
