@@ -158,12 +158,25 @@ class LoggerConfig:
 
 
 @dataclass
+class LmEvalConfig:
+    local_tasks: bool = True  # per-label perplexity + a continuation multiple-choice task from held-out docs
+    label_field: str = "domain"  # one perplexity task per value of this label (if the corpus has it)
+    tasks: list[str] = field(default_factory=list)  # standard lm-eval tasks, if cached locally
+    limit: Optional[int] = None  # documents per task
+    batch_size: int = 16
+    max_docs_per_task: int = 100
+    mc_docs: int = 200
+
+
+@dataclass
 class EvalConfig:
     name: str = MISSING
     max_tokens: int = 256  # tokens scored per held-out document
     batch_size: int = 32
     max_cluster_metrics: int = 256  # per-cluster metrics go to MLflow when K <= this (CSV always)
     min_cluster_docs: int = 5  # ppl_worst considers clusters with at least this many held-out documents
+    balance_report: bool = True  # plots + Markdown of the corpus vs trained cluster mix
+    lm_eval: Optional[LmEvalConfig] = None
 
 
 @dataclass

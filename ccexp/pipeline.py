@@ -100,11 +100,18 @@ def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, si
     t_eval = time.perf_counter()
     nll, ntok = document_nll(module.model, tokens, offsets, heldout_docs, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                              max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size, device=module.device)
-    report = summarize(nll, ntok, labels[heldout_docs], int(sizes.size),
-                       {k: [v[i] for i in heldout_docs] for k, v in corpus.labels.items()},
-                       min_cluster_docs=cfg.eval.min_cluster_docs)
-    eval_seconds = time.perf_counter() - t_eval
+    heldout_labels = {k: [v[i] for i in heldout_docs] for k, v in corpus.labels.items()}
+    report = summarize(nll, ntok, labels[heldout_docs], int(sizes.size), heldout_labels,
+                       min_cluster_docs=cfg.eval.min_cluster_docs, sizes=sizes)
     metrics = report.metrics
+    if cfg.eval.lm_eval is not None:
+        from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
+
+        lm_metrics = lm_evaluate(cfg, module.model, tok, [corpus.texts[i] for i in heldout_docs], heldout_labels, run_dir)
+        metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
+        log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
+                                          if k.endswith(("/acc", "/word_perplexity"))))
+    eval_seconds = time.perf_counter() - t_eval
     log.info("eval: held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d) over %d docs / %d tokens",
              metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"], int(metrics["ppl_worst_cluster"]),
              int(metrics["heldout_documents"]), int(metrics["heldout_tokens"]))
@@ -124,6 +131,17 @@ def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, si
                         int(report.per_cluster["documents"][c]), int(report.per_cluster["tokens"][c]),
                         f"{report.per_cluster['ppl'][c]:.4f}" if report.per_cluster["tokens"][c] else ""])
     OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
+    balance_files = []
+    if cfg.eval.balance_report:
+        from ccexp.evaluation.balance import write_balance_report
+        from ccexp.training.runner import SamplerTelemetry
+
+        tel = next(c for c in trainer.callbacks if isinstance(c, SamplerTelemetry))
+        balance_files = write_balance_report(
+            run_dir / "balance", name=run_name(cfg), sizes=sizes, exposure=exposure,
+            history_steps=np.array(tel.history_steps), history=np.array(tel.history), repetition_hist=
+            sampler.repetition_histogram(), heldout_ppl=report.per_cluster["ppl"],
+            heldout_docs=report.per_cluster["documents"], metrics=metrics)
     total_seconds = time.perf_counter() - t_start
     timing = {f"time/{s.stage}_seconds": s.seconds for s in (corpus_stage, embed_stage, cluster_stage, tokenize_stage)}
     timing.update({f"cache/{s.stage}_reused": float(s.reused)
@@ -132,11 +150,13 @@ def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, si
                    "time/total_seconds": total_seconds, "train/tokens_per_s": module.tokens_seen / train_seconds})
     if logger is not None:
         client, run_id = logger.experiment, logger.run_id
-        keep = {k: v for k, v in metrics.items()
+        keep = {(k if k.startswith("lm_eval/") else f"eval/{k}"): v for k, v in metrics.items()
                 if not k.startswith("ppl_cluster/") or sizes.size <= cfg.eval.max_cluster_metrics}
-        logger.log_metrics({**metric_keys({f"eval/{k}": v for k, v in keep.items()}), **timing}, step=cfg.train.steps)
+        logger.log_metrics({**metric_keys(keep), **timing}, step=cfg.train.steps)
         client.log_artifact(run_id, str(run_dir / "resolved_config.yaml"))
         client.log_artifact(run_id, str(tables / "clusters.csv"), "tables")
+        for path in balance_files:
+            client.log_artifact(run_id, str(path), "balance")
         client.set_tag(run_id, "fingerprints", ",".join(f"{s.stage}={s.fingerprint}" for s in
                                                          (corpus_stage, embed_stage, cluster_stage, tokenize_stage)))
         client.set_terminated(run_id, "FINISHED")

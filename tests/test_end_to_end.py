@@ -1,5 +1,6 @@
-"""The whole pipeline through the real CLI: a three-sampler multirun on a small real corpus, logged to
-a real MLflow SQLite store, sharing one embedding and one clustering."""
+"""The whole pipeline through the real CLI: a three-sampler x two-seed multirun on a small real corpus,
+with lm-eval, logged to a real MLflow SQLite store under a parent run, sharing one embedding (and one
+clustering per seed), then the comparison report and the MLflow server's REST API."""
 from __future__ import annotations
 
 import re
@@ -18,25 +19,53 @@ TINY = ["data=jsonl", "data.label_fields=[domain]", "data.heldout_fraction=0.2",
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, small_corpus):
     out = tmp_path_factory.mktemp("outputs")
-    proc = run_ccexp("-m", "sampler=random,uniform,clusterclip", f"data.path={small_corpus}", f"paths.outputs={out}",
-                     *TINY, cwd=tmp_path_factory.mktemp("cwd"))
+    proc = run_ccexp("-m", "sampler=random,uniform,clusterclip", "seed=0,1", f"data.path={small_corpus}",
+                     f"paths.outputs={out}", "eval=lm_eval", "eval.lm_eval.max_docs_per_task=8",
+                     "eval.lm_eval.mc_docs=12", "eval.lm_eval.batch_size=8", *TINY, cwd=tmp_path_factory.mktemp("cwd"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, proc.stdout + proc.stderr
 
 
-def runs(out):
+def runs(out, seed=None):
+    """The job runs (not the sweep's parent), in launch order; only ``seed`` if given."""
     client = MlflowClient(f"sqlite:///{out}/mlflow.db")
     exp = client.get_experiment_by_name("ccexp")
-    return client, client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    rs = [r for r in client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+          if r.data.tags.get("ccexp.sweep") != "true"]
+    return client, [r for r in rs if seed is None or r.data.params["seed"] == str(seed)]
 
 
-def test_sweep_logs_one_finished_run_per_sampler_with_readable_names(sweep):
+def test_sweep_logs_one_finished_run_per_job_with_readable_names(sweep):
     out, _ = sweep
     _, rs = runs(out)
-    names = [r.info.run_name for r in rs]
-    for name, sampler in zip(names, ("random", "uniform", "clusterclip")):
-        assert re.fullmatch(rf"jsonl-tiny_gpt-{sampler}-k4-s0-[0-9a-f]{{4}}", name), name
-    assert all(r.info.status == "FINISHED" for r in rs)
+    expected = [(s, seed) for s in ("random", "uniform", "clusterclip") for seed in (0, 1)]
+    assert len(rs) == 6 and all(r.info.status == "FINISHED" for r in rs)
+    for r, (sampler, seed) in zip(rs, expected):
+        assert re.fullmatch(rf"jsonl-tiny_gpt-{sampler}-k4-s{seed}-[0-9a-f]{{4}}", r.info.run_name), r.info.run_name
+
+
+def test_sweep_jobs_are_nested_under_one_parent_run_with_the_report(sweep):
+    out, _ = sweep
+    client, rs = runs(out)
+    exp = client.get_experiment_by_name("ccexp")
+    parents = client.search_runs([exp.experiment_id], "tags.`ccexp.sweep` = 'true'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in rs} == {parents[0].info.run_id}
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id, "report")} >= {
+        "report/report.md", "report/comparison.png", "report/comparison.csv", "report/report.html"}
+
+
+def test_each_run_has_lm_eval_metrics_and_a_balance_report(sweep):
+    out, _ = sweep
+    client, rs = runs(out)
+    for r in rs:
+        m = r.data.metrics
+        assert 0.0 <= m["lm_eval/ccexp_continuation/acc"] <= 1.0
+        assert m["lm_eval/ccexp_ppl_lexicon_wordnet/word_perplexity"] > 1.0
+        assert {"eval/ppl_rare", "eval/ppl_common"} <= set(m)
+        arts = {a.path for a in client.list_artifacts(r.info.run_id, "balance")}
+        assert {"balance/mix.png", "balance/mix_over_time.png", "balance/repetition.png", "balance/ppl_vs_size.png",
+                "balance/balance.md"} <= arts
 
 
 def test_runs_hold_config_params_loss_and_per_cluster_and_domain_perplexity(sweep):
@@ -54,19 +83,89 @@ def test_runs_hold_config_params_loss_and_per_cluster_and_domain_perplexity(swee
         assert {"resolved_config.yaml", "tables"} <= arts
 
 
-def test_sweep_embeds_and_clusters_once(sweep):
+def test_sweep_embeds_once_and_clusters_once_per_seed(sweep):
     out, log = sweep
     _, rs = runs(out)
     reused = [(r.data.metrics["cache/embed_reused"], r.data.metrics["cache/cluster_reused"]) for r in rs]
-    assert reused == [(0.0, 0.0), (1.0, 1.0), (1.0, 1.0)]
-    assert len(re.findall(r"embed: .*reused=False", log)) == 1 and len(re.findall(r"embed: .*reused=True", log)) == 2
-    assert len(list((out / "cache" / "embed").iterdir())) == 1
-    assert len({r.data.tags["fingerprints"] for r in rs}) == 1
-    assert len(list(out.glob("multirun/*/*/*/checkpoints/last.ckpt"))) == 3
+    assert reused == [(0.0, 0.0), (1.0, 0.0)] + [(1.0, 1.0)] * 4  # the clusterer's seed follows the run's seed
+    assert len(re.findall(r"embed: .*reused=False", log)) == 1 and len(re.findall(r"embed: .*reused=True", log)) == 5
+    assert len(list((out / "cache" / "embed").iterdir())) == 1 and len(list((out / "cache" / "cluster").iterdir())) == 2
+    for seed in (0, 1):
+        assert len({r.data.tags["fingerprints"] for r in runs(out, seed)[1]}) == 1
+    assert len(list(out.glob("multirun/*/*/*/checkpoints/last.ckpt"))) == 6
 
 
 def test_balanced_samplers_trained_on_a_flatter_cluster_mix_than_random(sweep):
     out, _ = sweep
-    _, rs = runs(out)
+    _, rs = runs(out, seed=0)
     kl = {r.data.tags["sampler"]: r.data.metrics["sampler/kl_to_uniform"] for r in rs}
     assert kl["uniform"] < kl["random"] and kl["clusterclip"] < kl["random"]
+
+
+def test_comparison_report_gives_mean_and_95_ci_over_seeds(sweep, tmp_path):
+    import csv
+    import subprocess
+    import sys
+
+    from scipy import stats
+
+    out, _ = sweep
+    proc = subprocess.run([sys.executable, "-m", "ccexp.report", "--store", str(out / "mlflow.db"), "--out",
+                           str(tmp_path / "rep")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["metric"], r["sampler"]): r for r in csv.DictReader(open(tmp_path / "rep" / "comparison.csv"))}
+    _, rs = runs(out)
+    values = [r.data.metrics["eval/ppl_macro"] for r in rs if r.data.tags["sampler"] == "uniform"]
+    row = rows[("eval/ppl_macro", "uniform")]
+    assert float(row["mean"]) == pytest.approx(sum(values) / 2) and row["n"] == "2"
+    half = stats.t.ppf(0.975, 1) * abs(values[0] - values[1]) / 2 ** 0.5 / 2 ** 0.5
+    assert float(row["ci95_half_width"]) == pytest.approx(half)
+    assert "± " in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_mlflow_server_serves_the_sweep_over_rest(sweep, tmp_path):
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    out, _ = sweep
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    server = subprocess.Popen([mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{out}/mlflow.db",
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer within 60 s")
+
+        def post(path, body):
+            req = urllib.request.Request(f"{base}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.load(r)
+
+        exp = post("experiments/search", {"max_results": 10, "filter": "name = 'ccexp'"})["experiments"][0]
+        parent = post("runs/search", {"experiment_ids": [exp["experiment_id"]],
+                                      "filter": "tags.`ccexp.sweep` = 'true'"})["runs"][0]
+        parent_id = parent["info"]["run_id"]
+        children = post("runs/search", {"experiment_ids": [exp["experiment_id"]],
+                                        "filter": f"tags.mlflow.parentRunId = '{parent_id}'"})["runs"]
+        assert len(children) == 6
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -287,3 +287,13 @@ def test_telemetry_mix_statistics_over_the_run_and_the_window():
     assert tel["kl_to_uniform"] == pytest.approx(0.0, abs=1e-12) and tel["window_kl_to_uniform"] == pytest.approx(0.0, abs=1e-12)
     assert tel["mix_entropy"] == pytest.approx(np.log(4)) and tel["active_clusters"] == 4
     assert tel["max_repetition"] == 15  # 600 draws / 4 clusters = 150 draws of the 10-document cluster
+
+
+@pytest.mark.parametrize("cls,kw", POLICIES)
+def test_repetition_histogram_matches_counted_repetitions(cls, kw):
+    sizes = np.array([40, 8, 4, 0, 12], dtype=np.int64)
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
+    s = cls(labels, sizes, global_batch_size=8, seed=1, **kw)
+    counts = np.bincount(stream(s, 13).ravel(), minlength=labels.size)
+    expect = {int(r): int(c) for r, c in zip(*np.unique(counts, return_counts=True))}
+    assert s.repetition_histogram() == expect

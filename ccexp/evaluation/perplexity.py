@@ -10,6 +10,8 @@ token so that every document token is predicted. Definitions (all perplexities a
   the same, however large (the geometric mean of the per-cluster perplexities);
 * ``ppl_worst``: the largest per-cluster perplexity among clusters with at least ``min_cluster_docs``
   held-out documents (a cluster scored on two documents is noise, not a worst case);
+* ``ppl_rare`` / ``ppl_common``: token-weighted over the held-out documents of the clusters in the
+  bottom / top quintile of training cluster size (when ``sizes`` is given);
 * ``ppl_<label>/<value>``: per label value, e.g. ``ppl_domain/code.go``.
 """
 from __future__ import annotations
@@ -58,7 +60,8 @@ class PerplexityReport:
 
 
 def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clusters: int,
-              labels: dict[str, list[str]] | None = None, min_cluster_docs: int = 1) -> PerplexityReport:
+              labels: dict[str, list[str]] | None = None, min_cluster_docs: int = 1,
+              sizes: np.ndarray | None = None) -> PerplexityReport:
     """Aggregate per-document NLL into the metrics of the module docstring (vectorised bincounts).
 
     Args:
@@ -82,6 +85,14 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
     metrics["ppl_worst"] = float(np.nanmax(eligible))
     metrics["ppl_worst_cluster"] = float(np.nanargmax(eligible))
     metrics["clusters_evaluated"] = float(present.sum())
+    if sizes is not None and np.count_nonzero(sizes) >= 2:
+        nonempty = np.flatnonzero(sizes > 0)
+        by_size = nonempty[np.argsort(sizes[nonempty], kind="stable")]
+        fifth = max(1, by_size.size // 5)
+        for name, group in (("ppl_rare", by_size[:fifth]), ("ppl_common", by_size[-fifth:])):
+            tok = c_tok[group].sum()
+            if tok > 0:
+                metrics[name] = float(np.exp(c_nll[group].sum() / tok))
     for c in np.flatnonzero(present):
         metrics[f"ppl_cluster/{c:04d}"] = float(c_ppl[c])
     for name, values in (labels or {}).items():

@@ -108,6 +108,12 @@ class Sampler(ABC):
     def max_repetition(self) -> int:
         """The largest number of times any single document has been drawn so far."""
 
+    def repetition_histogram(self) -> dict[int, int]:
+        """{r: number of documents drawn exactly r times so far}, computed in O(K): a cluster whose
+        draws are passes over its members has ``e mod n`` documents drawn ``ceil(e/n)`` times and the
+        rest ``floor(e/n)`` times (``e`` = its exposure, ``n`` = its size)."""
+        return pass_histogram(self._exposure, self.sizes)
+
     def state_dict(self) -> dict[str, Any]:
         return {"policy": self.name, "seed": self.seed, "step": self._step,
                 "exposure": self._exposure.copy(), "num_documents": self.num_documents}
@@ -151,3 +157,15 @@ def mix_statistics(drawn: np.ndarray, sizes: np.ndarray) -> dict[str, float]:
     return {"mix_entropy": float(-(q[nz] * np.log(q[nz])).sum()),
             "kl_to_corpus": float((q[nz] * np.log(q[nz] / corpus[nz])).sum()),
             "kl_to_uniform": float((q[nz] * np.log(q[nz] * np.count_nonzero(sizes))).sum())}
+
+
+def pass_histogram(drawn: np.ndarray, sizes: np.ndarray) -> dict[int, int]:
+    """Repetition histogram of groups whose draws are passes: see :meth:`Sampler.repetition_histogram`."""
+    nz = sizes > 0
+    full, extra = np.divmod(drawn[nz], sizes[nz])
+    hist: dict[int, int] = {}
+    for reps, count in ((full, sizes[nz] - extra), (full + 1, extra)):
+        values = np.bincount(reps, weights=count).astype(np.int64)
+        for r in np.flatnonzero(values):
+            hist[int(r)] = hist.get(int(r), 0) + int(values[r])
+    return dict(sorted(hist.items()))

@@ -101,6 +101,13 @@ class ClusterDPSampler(Sampler):
         self._exposure[self._clusters] += b
         return docs.astype(np.int64)
 
+    def repetition_histogram(self) -> dict[int, int]:
+        from ccexp.sampling.base import pass_histogram
+
+        hist = pass_histogram(self._exposure[self._clusters], np.full(self._clusters.size, self.kept_size))
+        hist[0] = hist.get(0, 0) + self.num_documents - self._clusters.size * self.kept_size  # trimmed away
+        return dict(sorted(hist.items()))
+
     def max_repetition(self) -> int:
         return int(-(-int(self._exposure[self._clusters].max(initial=0)) // self.kept_size))
 

@@ -41,6 +41,11 @@ class RandomSampler(Sampler):
         self._exposure += np.bincount(self.labels[docs], minlength=self.num_clusters)
         return docs
 
+    def repetition_histogram(self) -> dict[int, int]:
+        from ccexp.sampling.base import pass_histogram
+
+        return pass_histogram(np.array([self._exposure.sum()]), np.array([self.num_documents]))
+
     def max_repetition(self) -> int:
         drawn = self._step * self.global_batch_size
         return int(-(-drawn // self.num_documents))

@@ -57,6 +57,14 @@ def run_name(cfg: DictConfig) -> str:
     return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cfg.clusterer.k}-s{cfg.seed}-{digest}"
 
 
+def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
+    """The id of experiment ``name``, created with an explicit artifact folder if it does not exist."""
+    artifacts = Path(artifact_location).resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifacts.as_uri())
+
+
 def make_logger(cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = None):
     """Lightning's ``MLFlowLogger`` on the configured store, or None when ``logger.enabled`` is false."""
     if not cfg.logger.enabled:
@@ -70,11 +78,14 @@ def make_logger(cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = No
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
     from mlflow import MlflowClient
 
-    client = MlflowClient(uri)
-    if client.get_experiment_by_name(cfg.logger.experiment) is None:
-        client.create_experiment(cfg.logger.experiment, artifact_location=artifacts.as_uri())
+    ensure_experiment(MlflowClient(uri), cfg.logger.experiment, artifacts)
+    from ccexp.tracking.sweep import PARENT_ENV
+
+    tags = dict(tags or {})
+    if os.environ.get(PARENT_ENV):
+        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
     return MLFlowLogger(experiment_name=cfg.logger.experiment, run_name=run_name(cfg), tracking_uri=uri,
-                        artifact_location=artifacts.as_uri(), tags=tags or {}, log_model=False)
+                        artifact_location=artifacts.as_uri(), tags=tags, log_model=False)
 
 
 def metric_keys(metrics: dict[str, float]) -> dict[str, float]:

@@ -27,11 +27,16 @@ class SamplerTelemetry(Callback):
     def __init__(self, sampler: Sampler, every: int, max_clusters: int = 64):
         self.sampler, self.every, self.max_clusters = sampler, max(1, int(every)), int(max_clusters)
         self.last_exposure = sampler.exposure()
+        self.history_steps: list[int] = []  # cumulative exposure at every logged step, for the balance report
+        self.history: list[np.ndarray] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if not (trainer.is_global_zero and trainer.logger is not None and
-                (step % self.every == 0 or step == trainer.max_steps)):
+        if not (trainer.is_global_zero and (step % self.every == 0 or step == trainer.max_steps)):
+            return
+        self.history_steps.append(step)
+        self.history.append(self.sampler.exposure())
+        if trainer.logger is None:
             return
         metrics = {f"sampler/{k}": v for k, v in self.sampler.telemetry(since=self.last_exposure).items()}
         self.last_exposure = self.sampler.exposure()

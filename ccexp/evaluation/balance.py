@@ -1,0 +1,109 @@
+"""The balance report: evidence of how the run's data was balanced, for a reader or an auditor.
+
+For one run it compares the corpus cluster mix (training documents per cluster, ``n_c / N``) with
+the mix actually trained on (documents drawn per cluster), over the whole run and over time; shows
+how often documents were repeated; and plots per-cluster held-out perplexity against cluster size.
+Output: PNG plots and a Markdown summary (logged as MLflow artifacts by the pipeline).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposure: np.ndarray,
+                         history_steps: np.ndarray, history: np.ndarray, repetition_hist: dict[int, int],
+                         heldout_ppl: np.ndarray, heldout_docs: np.ndarray, metrics: dict[str, float]) -> list[Path]:
+    """Write ``mix.png``, ``mix_over_time.png``, ``repetition.png``, ``ppl_vs_size.png`` and
+    ``balance.md`` into ``out_dir``; return their paths.
+
+    Args:
+        sizes: int64[K] training documents per cluster; exposure: int64[K] documents drawn.
+        history_steps: int64[T]; history: int64[T, K] cumulative documents drawn at those steps.
+        repetition_hist: number of documents drawn r times, for each r (0 included).
+        heldout_ppl: float[K] (NaN where a cluster has no held-out document); heldout_docs: int64[K].
+        metrics: the run's evaluation metrics (``ppl``, ``ppl_macro``, ...).
+    """
+    plt = _plt()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = np.argsort(-sizes, kind="stable")
+    corpus_mix = sizes / sizes.sum()
+    trained_mix = exposure / max(1, exposure.sum())
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = np.arange(sizes.size)
+    ax.bar(x - 0.2, corpus_mix[order], width=0.4, label="corpus (n_c / N)")
+    ax.bar(x + 0.2, trained_mix[order], width=0.4, label="trained on (drawn_c / D)")
+    k_active = np.count_nonzero(sizes)
+    ax.axhline(1 / k_active, color="gray", lw=0.8, ls="--", label="uniform (1/K)")
+    ax.set(xlabel="cluster (largest first)", ylabel="share of documents", title=f"{name}: cluster mix")
+    ax.legend()
+    paths.append(_save(fig, out_dir / "mix.png"))
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    if len(history):
+        totals = history.sum(axis=1, keepdims=True).clip(min=1)
+        q = history / totals
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kl_corpus = np.nansum(np.where(q > 0, q * np.log(q / np.where(corpus_mix > 0, corpus_mix, 1)), 0), axis=1)
+            kl_uniform = np.nansum(np.where(q > 0, q * np.log(q * k_active), 0), axis=1)
+        ax.plot(history_steps, kl_corpus, label="KL(trained mix || corpus mix)")
+        ax.plot(history_steps, kl_uniform, label="KL(trained mix || uniform)")
+    ax.set(xlabel="step", ylabel="nats", title=f"{name}: trained cluster mix over time")
+    ax.legend()
+    paths.append(_save(fig, out_dir / "mix_over_time.png"))
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    reps = np.array(sorted(repetition_hist))
+    a1.bar(reps, [repetition_hist[r] for r in reps])
+    a1.set(xlabel="times a document was drawn", ylabel="documents", title="repetition")
+    a1.set_yscale("log")
+    nz = sizes > 0
+    a2.scatter(sizes[nz], exposure[nz], s=12)
+    a2.set(xscale="log", xlabel="cluster size (training documents)", ylabel="documents drawn",
+           title="exposure per cluster")
+    paths.append(_save(fig, out_dir / "repetition.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ok = np.isfinite(heldout_ppl) & nz
+    ax.scatter(sizes[ok], heldout_ppl[ok], s=8 + 4 * np.sqrt(heldout_docs[ok]))
+    ax.set(xscale="log", xlabel="cluster size (training documents)", ylabel="held-out perplexity",
+           title=f"{name}: perplexity vs cluster size")
+    paths.append(_save(fig, out_dir / "ppl_vs_size.png"))
+
+    never = repetition_hist.get(0, 0)
+    total_docs = sum(repetition_hist.values())
+    lines = [f"# Balance report: {name}", "",
+             f"- Clusters: {k_active} non-empty of {sizes.size}; training documents: {int(sizes.sum()):,}",
+             f"- Documents drawn: {int(exposure.sum()):,}; never drawn: {never:,} of {total_docs:,} "
+             f"({never / max(1, total_docs):.1%}); most repeated: {max(reps) if len(reps) else 0}x",
+             f"- Smallest / largest cluster share: corpus {corpus_mix[nz].min():.4f} / {corpus_mix.max():.4f}, "
+             f"trained {trained_mix[nz].min():.4f} / {trained_mix.max():.4f} (uniform = {1 / k_active:.4f})",
+             ""]
+    keys = [k for k in ("ppl", "ppl_macro", "ppl_worst", "ppl_rare", "ppl_common") if k in metrics]
+    lines += ["| held-out metric | value |", "|---|---:|"] + [f"| {k} | {metrics[k]:.2f} |" for k in keys]
+    lines += ["", "Plots: `mix.png` (corpus vs trained mix), `mix_over_time.png`, `repetition.png`, "
+              "`ppl_vs_size.png`.", ""]
+    md = out_dir / "balance.md"
+    md.write_text("\n".join(lines))
+    return paths + [md]
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

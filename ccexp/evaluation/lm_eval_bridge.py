@@ -1,0 +1,188 @@
+"""lm-evaluation-harness on the trained model, in process and offline.
+
+For any corpus ccexp writes local task YAMLs at run time, with absolute data paths (lm-eval
+resolves relative ``data_files`` against the working directory, ECOSYSTEM.md §4):
+
+* ``ccexp_ppl_<label>`` — ``loglikelihood_rolling`` perplexity (word and byte perplexity, bits per
+  byte) of the held-out documents of each label value (e.g. each ``domain``), or of all held-out
+  documents when the corpus has no labels;
+* ``ccexp_continuation`` — ``multiple_choice``: given the first half of a held-out document, pick its
+  true second half among four (the other three are second halves of other held-out documents of
+  similar length). Chance is 25 %.
+
+Standard tasks (``mmlu``, ``hellaswag``, ...) are added by name when their datasets are in the local
+Hugging Face cache. The model object is wrapped in ``HFLM`` (lm-eval's Hugging Face adapter), so
+nothing is saved or reloaded; under DDP/FSDP this runs on rank 0 with the full weights.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("ccexp")
+
+_MC_TEMPLATE = """task: ccexp_continuation
+dataset_path: json
+dataset_name: null
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+_PPL_TEMPLATE = """task: {task}
+dataset_path: json
+dataset_name: null
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
+  - metric: byte_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
+  - metric: bits_per_byte
+    aggregation: bits_per_byte
+    higher_is_better: false
+metadata:
+  version: 1.0
+"""
+
+
+def task_slug(value: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", value.lower()).strip("_") or "none"
+
+
+def write_local_tasks(out_dir: Path, texts: list[str], labels: list[str] | None, *, max_docs_per_task: int = 200,
+                      mc_docs: int = 200, max_chars: int = 1500, seed: int = 0) -> list[str]:
+    """Write the task YAMLs and their JSONL data into ``out_dir``; return the task names.
+
+    Args:
+        texts: held-out documents; labels: one label value per document (or None).
+        max_docs_per_task: documents per perplexity task (a seeded subsample).
+        mc_docs: questions in the multiple-choice task (documents of >= 40 characters).
+        max_chars: documents are cut to this many characters.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    texts = [t[:max_chars] for t in texts]
+    groups: dict[str, list[int]] = {}
+    for i, value in enumerate(labels if labels is not None else ["all"] * len(texts)):
+        groups.setdefault(value, []).append(i)
+    tasks = []
+    for value, idx in sorted(groups.items()):
+        task = f"ccexp_ppl_{task_slug(value)}"
+        if task in tasks:
+            continue
+        pick = rng.permutation(idx)[:max_docs_per_task]
+        data = out_dir / f"{task}.jsonl"
+        data.write_text("".join(json.dumps({"text": texts[i]}) + "\n" for i in sorted(pick)))
+        (out_dir / f"{task}.yaml").write_text(_PPL_TEMPLATE.format(task=task, data=json.dumps(str(data.resolve()))))
+        tasks.append(task)
+    long_docs = [i for i, t in enumerate(texts) if len(t) >= 40]
+    if len(long_docs) >= 4:
+        chosen = rng.permutation(long_docs)[:mc_docs]
+        halves = {i: _split_half(texts[i]) for i in long_docs}
+        by_length = sorted(long_docs, key=lambda i: len(halves[i][1]))
+        rank = {i: r for r, i in enumerate(by_length)}
+        rows = []
+        for i in chosen:
+            near = [j for j in by_length[max(0, rank[i] - 6):rank[i] + 7] if j != i]
+            distractors = list(rng.choice(near, size=3, replace=False)) if len(near) >= 3 else \
+                list(rng.choice([j for j in long_docs if j != i], size=3, replace=False))
+            options = [halves[i][1]] + [halves[j][1] for j in distractors]
+            order = rng.permutation(4)
+            rows.append({"context": halves[i][0], "choices": [options[k] for k in order],
+                         "label": int(np.flatnonzero(order == 0)[0])})
+        data = out_dir / "ccexp_continuation.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out_dir / "ccexp_continuation.yaml").write_text(_MC_TEMPLATE.format(data=json.dumps(str(data.resolve()))))
+        tasks.append("ccexp_continuation")
+    return tasks
+
+
+def _split_half(text: str) -> tuple[str, str]:
+    """Split at the whitespace nearest the middle; the continuation keeps its leading space."""
+    mid = len(text) // 2
+    cut = min((k for k in range(len(text)) if text[k].isspace()), key=lambda k: abs(k - mid), default=mid)
+    cut = cut if 0 < cut < len(text) - 1 else mid
+    return text[:cut], text[cut:]
+
+
+def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, batch_size: int = 16,
+                max_length: int | None = None, limit: int | None = None, device: str = "cpu",
+                seed: int = 0) -> dict[str, float]:
+    """Evaluate ``model`` on ``tasks`` with lm-eval; return ``{"<task>/<metric>": value}``.
+
+    Raises:
+        CcexpError: if a task is unknown (not in ``task_dir`` and not a built-in task name).
+    """
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from ccexp.errors import CcexpError
+
+    for name in ("lm_eval", "lm-eval", "lm_eval.models.huggingface"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    builtin = [t for t in tasks if not (task_dir and (task_dir / f"{t}.yaml").is_file())]
+    manager = TaskManager(include_path=str(task_dir) if task_dir else None, include_defaults=bool(builtin))
+    missing = [t for t in tasks if t not in manager.all_tasks]
+    if missing:
+        raise CcexpError(f"lm-eval task(s) {', '.join(missing)} unknown; check eval.lm_eval.tasks")
+    was_training = model.training
+    model.eval()
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device, max_length=max_length)
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False,
+                                      bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,
+                                      torch_random_seed=seed, fewshot_random_seed=seed)
+    model.train(was_training)
+    out: dict[str, float] = {}
+    for task, metrics in results["results"].items():
+        for key, value in metrics.items():
+            if "stderr" in key or not isinstance(value, (int, float)):
+                continue
+            out[f"{task}/{key.split(',')[0]}"] = float(value)
+    return out
+
+
+def evaluate(cfg, model, tokenizer, heldout_texts: list[str], heldout_labels: dict[str, list[str]],
+             run_dir: Path) -> dict[str, Any]:
+    """The ``eval.lm_eval`` step of a run: local tasks for the corpus plus any configured standard tasks."""
+    lcfg = cfg.eval.lm_eval
+    tasks: list[str] = []
+    task_dir = None
+    if lcfg.local_tasks:
+        task_dir = run_dir / "lm_eval_tasks"
+        label = lcfg.label_field if lcfg.label_field in heldout_labels else None
+        tasks += write_local_tasks(task_dir, heldout_texts, heldout_labels[label] if label else None,
+                                   max_docs_per_task=lcfg.max_docs_per_task, mc_docs=lcfg.mc_docs, seed=cfg.seed)
+    tasks += list(lcfg.tasks)
+    device = str(next(model.parameters()).device)
+    max_length = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    return run_lm_eval(model, tokenizer, task_dir, tasks, batch_size=lcfg.batch_size, max_length=max_length,
+                       limit=lcfg.limit, device=device, seed=cfg.seed)

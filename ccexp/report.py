@@ -1,0 +1,166 @@
+"""Comparison report across runs: ``python -m ccexp.report``.
+
+Reads the runs of a sweep (the children of an MLflow parent run; by default the latest sweep) or of
+a whole experiment from the MLflow store, groups them by sampler, and writes, for every held-out and
+lm-eval metric, the mean over seeds with a 95 % confidence interval (Student's t with n-1 degrees
+of freedom; n/a for a single seed): ``report.md``, ``report.html``, ``comparison.csv`` and
+``comparison.png`` (the headline metrics as bars with CI whiskers).
+
+Usage:
+    python -m ccexp.report                                   # latest sweep in outputs/mlflow.db
+    python -m ccexp.report --parent <run id> --out reports/x
+    python -m ccexp.report --all-runs --experiment ccexp
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ccexp.errors import CcexpError
+
+HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common"]
+_PATTERNS = [r"eval/ppl(_macro|_worst|_rare|_common)?$", r"eval/ppl_domain/.+", r"lm_eval/.+/(acc|acc_norm)$",
+             r"lm_eval/.+/word_perplexity$", r"train/tokens_per_s$"]
+
+
+def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the ``level`` confidence interval (Student's t); half-width NaN for n < 2."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        return float(x.mean()) if x.size else math.nan, math.nan
+    half = stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+    return float(x.mean()), float(half)
+
+
+def collect(client, *, parent_run_id: str | None = None, experiment: str = "ccexp") -> list:
+    if parent_run_id:
+        parent = client.get_run(parent_run_id)
+        runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                                  max_results=10000)
+    else:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise CcexpError(f"no MLflow experiment named {experiment!r} in this store")
+        runs = [r for r in client.search_runs([exp.experiment_id], max_results=10000)
+                if r.data.tags.get("ccexp.sweep") != "true"]
+    return [r for r in runs if r.info.status == "FINISHED"]
+
+
+def latest_sweep(client, experiment: str = "ccexp") -> str:
+    exp = client.get_experiment_by_name(experiment)
+    sweeps = client.search_runs([exp.experiment_id], "tags.`ccexp.sweep` = 'true'",
+                                order_by=["attributes.start_time DESC"], max_results=1) if exp else []
+    if not sweeps:
+        raise CcexpError(f"no sweep in experiment {experiment!r}; run one with `python -m ccexp -m ...`, or use --all-runs")
+    return sweeps[0].info.run_id
+
+
+def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, experiment: str = "ccexp",
+                 group_by: str = "sampler") -> list[Path]:
+    """Write the comparison files for the selected runs; return their paths."""
+    runs = collect(client, parent_run_id=parent_run_id, experiment=experiment)
+    if not runs:
+        raise CcexpError("no finished runs to compare")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, list] = {}
+    for r in runs:
+        groups.setdefault(r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?")), []).append(r)
+    names = sorted(groups)
+    metric_names = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _PATTERNS)},
+                          key=lambda k: (k not in HEADLINE, HEADLINE.index(k) if k in HEADLINE else 0, k))
+    table = {m: {g: mean_ci([r.data.metrics[m] for r in groups[g] if m in r.data.metrics]) for g in names}
+             for m in metric_names}
+    seeds = {g: sorted({r.data.params.get("seed", "?") for r in groups[g]}) for g in names}
+
+    def cell(m: str, g: str) -> str:
+        mean, half = table[m][g]
+        n = sum(m in r.data.metrics for r in groups[g])
+        if math.isnan(mean):
+            return "—"
+        return (f"{mean:.4g} ± {half:.2g}" if not math.isnan(half) else f"{mean:.4g}") + f" (n={n})"
+
+    title = f"ccexp comparison: {len(runs)} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
+    md = [f"# {title}", "", "Mean ± half-width of the 95 % confidence interval over seeds (Student's t); "
+          "lower is better for perplexities, higher for accuracies.", "",
+          "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    md += [f"| {m} | " + " | ".join(cell(m, g) for g in names) + " |" for m in metric_names]
+    md += ["", "Seeds: " + "; ".join(f"{g}: {', '.join(seeds[g])}" for g in names), "",
+           "![comparison](comparison.png)", ""]
+    (out_dir / "report.md").write_text("\n".join(md))
+    rows = "".join("<tr><td>" + html.escape(m) + "</td>" + "".join(f"<td>{html.escape(cell(m, g))}</td>" for g in names)
+                   + "</tr>" for m in metric_names)
+    (out_dir / "report.html").write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><h1>{html.escape(title)}</h1>"
+        f"<p>Mean ± 95 % CI over seeds.</p><table border=1 cellpadding=4><tr><th>metric</th>"
+        + "".join(f"<th>{html.escape(g)}</th>" for g in names) + f"</tr>{rows}</table>"
+        "<p><img src='comparison.png'></p>")
+    with open(out_dir / "comparison.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["metric", group_by, "mean", "ci95_half_width", "n"])
+        for m in metric_names:
+            for g in names:
+                w.writerow([m, g, *table[m][g], sum(m in r.data.metrics for r in groups[g])])
+    _plot(out_dir / "comparison.png", [m for m in HEADLINE if m in table] or metric_names[:4], names, table)
+    return [out_dir / n for n in ("report.md", "report.html", "comparison.csv", "comparison.png")]
+
+
+def _plot(path: Path, metrics: list[str], names: list[str], table) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4), squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        means = [table[m][g][0] for g in names]
+        errs = [0 if math.isnan(table[m][g][1]) else table[m][g][1] for g in names]
+        ax.bar(names, means, yerr=errs, capsize=4, color=[f"C{i}" for i in range(len(names))])
+        ax.set_title(m.replace("eval/", ""))
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle("mean ± 95 % CI over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m ccexp.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", default="outputs/mlflow.db", help="SQLite MLflow store (default outputs/mlflow.db)")
+    ap.add_argument("--tracking-uri", default=None, help="any MLflow tracking URI (overrides --store)")
+    ap.add_argument("--experiment", default="ccexp")
+    ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")
+    ap.add_argument("--all-runs", action="store_true", help="compare every finished run of the experiment")
+    ap.add_argument("--out", default=None, help="output folder (default outputs/reports/<sweep or experiment>)")
+    args = ap.parse_args(argv)
+    try:
+        from mlflow import MlflowClient
+
+        if args.tracking_uri:
+            uri = args.tracking_uri
+        else:
+            store = Path(args.store).expanduser()
+            if not store.is_file():
+                raise CcexpError(f"no MLflow store at {store}; run ccexp first or pass --store / --tracking-uri")
+            uri = f"sqlite:///{store.resolve()}"
+        client = MlflowClient(uri)
+        parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
+        out = Path(args.out or Path("outputs") / "reports" / (parent or args.experiment))
+        files = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment)
+        print(f"report: {files[0]}")
+    except CcexpError as e:
+        print(f"ccexp.report: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
