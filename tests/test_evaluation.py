@@ -35,3 +35,23 @@ def test_document_nll_matches_a_direct_forward_pass():
     logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
     expect = -logp[torch.arange(3), ids[0, 1:]].sum().item()
     assert nll[0] == pytest.approx(expect, rel=1e-5)
+
+
+def test_local_lm_eval_tasks_have_absolute_paths_and_true_continuations(tmp_path, builtin_records):
+    import json
+
+    from ccexp.evaluation.lm_eval_bridge import write_local_tasks
+
+    recs = builtin_records[::50]
+    tasks = write_local_tasks(tmp_path / "tasks", [r["text"] for r in recs], [r["domain"] for r in recs],
+                              max_docs_per_task=5, mc_docs=30, seed=0)
+    assert "ccexp_continuation" in tasks and "ccexp_ppl_lexicon_wordnet" in tasks
+    for t in tasks:
+        yaml_text = (tmp_path / "tasks" / f"{t}.yaml").read_text()
+        data = yaml_text.split("test: ")[1].splitlines()[0].strip('"')
+        assert data.startswith("/") and (tmp_path / "tasks" / f"{t}.jsonl").resolve() == __import__("pathlib").Path(data)
+    texts = {r["text"][:1500] for r in recs}
+    rows = [json.loads(line) for line in open(tmp_path / "tasks" / "ccexp_continuation.jsonl")]
+    assert len(rows) == 30 and all(len(r["choices"]) == 4 for r in rows)
+    assert all(r["context"] + r["choices"][r["label"]] in texts for r in rows)
+    assert len({r["label"] for r in rows}) > 1  # the true answer is not always in one position

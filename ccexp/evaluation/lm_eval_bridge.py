@@ -26,14 +26,16 @@ import numpy as np
 
 log = logging.getLogger("ccexp")
 
-_MC_TEMPLATE = """task: ccexp_continuation
+_HEADER = """task: {task}
 dataset_path: json
 dataset_name: null
 dataset_kwargs:
   data_files:
     test: {data}
 test_split: test
-output_type: multiple_choice
+"""
+
+_MC_TEMPLATE = _HEADER + """output_type: multiple_choice
 doc_to_text: "{{{{context}}}}"
 doc_to_choice: "{{{{choices}}}}"
 doc_to_target: label
@@ -48,14 +50,7 @@ metadata:
   version: 1.0
 """
 
-_PPL_TEMPLATE = """task: {task}
-dataset_path: json
-dataset_name: null
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: loglikelihood_rolling
+_PPL_TEMPLATE = _HEADER + """output_type: loglikelihood_rolling
 doc_to_text: ""
 doc_to_target: "{{{{text}}}}"
 metric_list:
@@ -120,7 +115,7 @@ def write_local_tasks(out_dir: Path, texts: list[str], labels: list[str] | None,
                          "label": int(np.flatnonzero(order == 0)[0])})
         data = out_dir / "ccexp_continuation.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (out_dir / "ccexp_continuation.yaml").write_text(_MC_TEMPLATE.format(data=json.dumps(str(data.resolve()))))
+        (out_dir / "ccexp_continuation.yaml").write_text(_MC_TEMPLATE.format(task="ccexp_continuation", data=json.dumps(str(data.resolve()))))
         tasks.append("ccexp_continuation")
     return tasks
 
