@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from ccexp.errors import CcexpError
 
 # keys that describe an option but are not constructor arguments
-_META_KEYS = ("name", "tokenizer")
+_META_KEYS = ("name", "tokenizer", "level")
 
 
 def build(node: DictConfig, group: str, **runtime: Any) -> Any:

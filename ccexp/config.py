@@ -55,7 +55,7 @@ class EmbedderConfig:
     batch_size: int = 64
     max_seq_length: int = 256
     device: str = "auto"
-    chunk_size: int = 2048
+    shard_size: int = 2048  # documents per shard: the unit of progress, resume and rank assignment
 
 
 @dataclass
@@ -69,13 +69,34 @@ class KMeansConfig:
     spherical: bool = True
     nredo: int = 1
     assign_batch: int = 65536
+    device: str = "auto"  # auto (GPU when FAISS has one) | cpu | gpu
     verbose: bool = False
+
+
+@dataclass
+class HierarchicalConfig:
+    _target_: str = "ccexp.clustering.hierarchical.HierarchicalKMeans"
+    name: str = "hierarchical"
+    levels: list[int] = field(default_factory=lambda: [128, 32, 8])  # finest first
+    niter: int = 20
+    seed: int = "${seed}"  # type: ignore[assignment]
+    resampling_steps: Any = 0  # per level, or one value
+    sample_size: Any = 10  # points per cluster in a resampling step, per level or one value
+    sampling: str = "closest"  # closest | random
+    max_points_per_centroid: int = 256
+    spherical: bool = True
+    assign_batch: int = 65536
+    device: str = "auto"
+    verbose: bool = False
+    selection_target: Optional[int] = None  # keep this many training documents (balanced hierarchical sampling)
+    selection_strategy: str = "random"  # random | closest
 
 
 @dataclass
 class SamplerConfig:
     _target_: str = MISSING
     name: str = MISSING
+    level: int = 0  # the clustering level to balance at (hierarchical clusterers; 0 = finest)
 
 
 @dataclass
@@ -200,6 +221,7 @@ def register() -> None:
     cs.store(name="root_schema", node=RootConfig)
     for group, name, node in [
         ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig), ("clusterer", "kmeans", KMeansConfig),
+        ("clusterer", "hierarchical", HierarchicalConfig),
         ("sampler", "sampler", SamplerConfig), ("sampler", "clusterclip", ClusterClipConfig),
         ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),
         ("model", "tiny_gpt", TinyGPTConfig), ("model", "hf_causal_lm", HFCausalLMConfig),

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ccexp import stages
 from ccexp.artifacts import StageStore
-from ccexp.build import check_buildable
+from ccexp.build import build, check_buildable
 from ccexp.validate import check_config, check_sampler_options
 from ccexp.data.tokenize import load_tokenizer
 from ccexp.evaluation.perplexity import document_nll, summarize
@@ -46,6 +46,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     for group in ("embedder", "clusterer", "sampler", "model"):
         check_buildable(cfg[group], group)
     check_sampler_options(cfg)
+    build(cfg.clusterer, "clusterer")  # its constructor checks its options
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     outputs = Path(cfg.paths.outputs).resolve()
     store = StageStore(Path(cfg.paths.cache).resolve())
@@ -56,16 +57,17 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     cluster_stage = stages.run_cluster(cfg, store, corpus_stage, embed_stage)
     tokenize_stage = stages.run_tokenize(cfg, store, corpus_stage)
     corpus = stages.load_corpus(corpus_stage)
-    labels = np.load(cluster_stage.path / "labels.npy")
-    sizes = np.load(cluster_stage.path / "sizes.npy")
+    labels, similarity = stages.load_level(cluster_stage, cfg.sampler.level)
     tokens = np.load(tokenize_stage.path / "tokens.npy", mmap_mode="r")
     offsets = np.load(tokenize_stage.path / "offsets.npy")
     tok = load_tokenizer(tokenize_stage.path / "tokenizer")
     train_docs = np.flatnonzero(~corpus.heldout)
+    if (cluster_stage.path / "selected.npy").is_file():  # a curation step kept a balanced subset
+        train_docs = np.flatnonzero(np.load(cluster_stage.path / "selected.npy"))
     heldout_docs = np.flatnonzero(corpus.heldout)
+    sizes = np.bincount(labels[train_docs], minlength=cluster_stage.figures["levels"][cfg.sampler.level]).astype(np.int64)
 
     # 2. sampler, model, training
-    similarity = np.load(cluster_stage.path / "similarity.npy")
     sampler = runner.make_sampler(cfg, labels[train_docs], sizes, similarity[train_docs])
     model = runner.make_model(cfg, tok)
     logger = make_logger(cfg, outputs, tags={"sampler": cfg.sampler.name, "model": cfg.model.name,
@@ -157,6 +159,10 @@ def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, si
         client.log_artifact(run_id, str(tables / "clusters.csv"), "tables")
         for path in balance_files:
             client.log_artifact(run_id, str(path), "balance")
+        for key, value in cluster_stage.figures.get("report", {}).items():
+            client.log_metric(run_id, f"cluster/{key}", value)
+        for path in sorted((cluster_stage.path / "report").glob("*")):
+            client.log_artifact(run_id, str(path), "clusters")
         client.set_tag(run_id, "fingerprints", ",".join(f"{s.stage}={s.fingerprint}" for s in
                                                          (corpus_stage, embed_stage, cluster_stage, tokenize_stage)))
         client.set_terminated(run_id, "FINISHED")

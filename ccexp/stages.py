@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from ccexp.artifacts import StageStore, file_digest, fingerprint
 from ccexp.build import build
 from ccexp.data.corpus import BUILTIN_PATH, Corpus, read_corpus, split_heldout
+from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
 
 # bump a stage's version when its output format or algorithm changes
-VERSIONS = {"corpus": 2, "embed": 1, "cluster": 1, "tokenize": 1}
+VERSIONS = {"corpus": 2, "embed": 2, "cluster": 2, "tokenize": 1}
 
 
 @dataclass
@@ -101,20 +103,40 @@ def load_corpus(result: StageResult) -> Corpus:
 
 # -- embed ----------------------------------------------------------------------------------------
 def run_embed(cfg: DictConfig, store: StageStore, corpus: StageResult) -> StageResult:
-    """Embed every document (float32[N, d], L2-normalised) into ``embeddings.npy``."""
-    fp = fingerprint("embed", VERSIONS["embed"], _config(cfg.embedder, ("name", "device", "batch_size", "chunk_size")),
+    """Embed every document (float16[N, d], L2-normalised) into ``embeddings.npy``.
+
+    Shards are written to ``<cache>/embed/.work-<fingerprint>/`` as they finish, so an interrupted
+    run resumes with the unfinished shards; under torchrun/srun every rank embeds its share and
+    rank 0 assembles and publishes the array.
+    """
+    from ccexp.embedding.shards import launch_rank
+
+    fp = fingerprint("embed", VERSIONS["embed"], _config(cfg.embedder, ("name", "device", "batch_size")),
                      {"corpus": corpus.figures["content"]})
+    work_dir = store.root / "embed" / f".work-{fp}"
+    rank, world = launch_rank()
 
     def produce(tmp: Path) -> dict:
         texts = load_corpus(corpus).texts
         embedder = build(cfg.embedder, "embedder")
         t0 = time.perf_counter()
-        emb = embedder.embed(texts, tmp / "embeddings.npy")
+        emb = embedder.embed(texts, tmp / "embeddings.npy", work_dir, rank=rank, world_size=world)
         secs = time.perf_counter() - t0
-        return {"documents": emb.shape[0], "dim": emb.shape[1], "seconds": secs, "docs_per_s": emb.shape[0] / secs}
+        stats = embedder.last_stats
+        return {"documents": emb.shape[0], "dim": emb.shape[1], "seconds": secs, "docs_per_s": emb.shape[0] / secs,
+                "shards": len(stats["embedded"]) + len(stats["skipped"]), "shards_resumed": len(stats["skipped"])}
 
-    return _run_stage(store, "embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
-                      f"{f['docs_per_s']:.0f} docs/s when computed")
+    if rank != 0 and not store.is_done("embed", fp):  # embed this rank's shards, then wait for rank 0
+        texts = load_corpus(corpus).texts
+        build(cfg.embedder, "embedder").embed(texts, work_dir / "unused.npy", work_dir, rank=rank, world_size=world)
+        while not store.is_done("embed", fp):
+            time.sleep(5)
+    result = _run_stage(store, "embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
+                        f"{f['docs_per_s']:.0f} docs/s when computed, {f.get('shards', 1)} shards"
+                        + (f" ({f['shards_resumed']} resumed)" if f.get("shards_resumed") else ""))
+    if rank == 0 and work_dir.exists():
+        shutil.rmtree(work_dir, ignore_errors=True)  # the published array replaces the shards
+    return result
 
 
 # -- cluster --------------------------------------------------------------------------------------
@@ -124,17 +146,42 @@ def run_cluster(cfg: DictConfig, store: StageStore, corpus: StageResult, embed: 
                      {"embed": embed.fingerprint, "corpus": corpus.figures["content"]})
 
     def produce(tmp: Path) -> dict:
-        heldout = load_corpus(corpus).heldout
-        emb = np.load(embed.path / "embeddings.npy", mmap_mode="r")
-        result = build(cfg.clusterer, "clusterer").fit(emb, ~heldout)
-        for name in ("labels", "centroids", "sizes", "similarity"):
-            np.save(tmp / f"{name}.npy", getattr(result, name))
-        sizes = result.sizes
-        return {"k": int(sizes.size), "train_points": result.train_points, "objective": result.objective,
-                "largest": int(sizes.max()), "smallest": int(sizes.min()), "empty": int((sizes == 0).sum())}
+        from ccexp.clustering.report import write_cluster_report
 
-    return _run_stage(store, "cluster", fp, produce, lambda f: f"K={f['k']}, trained on {f['train_points']:,} points, "
-                      f"sizes {f['smallest']}..{f['largest']} ({f['empty']} empty)")
+        c = load_corpus(corpus)
+        emb = np.load(embed.path / "embeddings.npy", mmap_mode="r")
+        result = build(cfg.clusterer, "clusterer").fit(emb, ~c.heldout)
+        for name in ("labels", "centroids", "sizes", "similarity"):
+            np.save(tmp / f"level0_{name}.npy", getattr(result, name))
+        for depth, level in enumerate(result.levels, start=1):
+            for name in ("labels", "centroids", "sizes", "similarity", "parent"):
+                np.save(tmp / f"level{depth}_{name}.npy", level[name])
+        if result.selected is not None:
+            np.save(tmp / "selected.npy", result.selected)
+        sizes = result.sizes
+        report = write_cluster_report(tmp / "report", labels=result.labels, sizes=sizes, similarity=result.similarity,
+                                      texts=c.texts, label_values=c.labels, train_mask=~c.heldout)
+        return {"k": int(sizes.size), "levels": [int(sizes.size)] + [int(lv["sizes"].size) for lv in result.levels],
+                "train_points": result.train_points, "objective": result.objective,
+                "largest": int(sizes.max()), "smallest": int(sizes.min()), "empty": int((sizes == 0).sum()),
+                "selected": None if result.selected is None else int(result.selected.sum()), "report": report}
+
+    return _run_stage(store, "cluster", fp, produce, lambda f: f"K={'/'.join(map(str, f['levels']))}, trained on "
+                      f"{f['train_points']:,} points, sizes {f['smallest']}..{f['largest']} ({f['empty']} empty)"
+                      + (f", {f['selected']:,} documents selected" if f.get("selected") is not None else ""))
+
+
+def load_level(cluster: StageResult, level: int) -> tuple[np.ndarray, np.ndarray]:
+    """labels int32[N] and similarity float32[N] of clustering level ``level`` (0 = finest).
+
+    Raises:
+        CcexpError: if the clustering has no such level.
+    """
+    levels = cluster.figures["levels"]
+    if not 0 <= level < len(levels):
+        raise CcexpError(f"sampler.level={level} but the clustering has {len(levels)} level(s) ({levels}); "
+                         f"use a level in 0..{len(levels) - 1}")
+    return np.load(cluster.path / f"level{level}_labels.npy"), np.load(cluster.path / f"level{level}_similarity.npy")
 
 
 # -- tokenize -------------------------------------------------------------------------------------
@@ -149,7 +196,6 @@ def run_tokenize(cfg: DictConfig, store: StageStore, corpus: StageResult) -> Sta
     elif tcfg.kind == "pretrained":
         key = {"kind": "pretrained", "path": source}
     else:
-        from ccexp.errors import CcexpError
         raise CcexpError(f"model.tokenizer.kind={tcfg.kind!r} is not an option; use bpe or pretrained")
     fp = fingerprint("tokenize", VERSIONS["tokenize"], key, {"corpus": corpus.figures["content"]})
 

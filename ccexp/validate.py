@@ -48,11 +48,11 @@ def check_config(cfg: DictConfig) -> None:
     for key, low in [("train.steps", 1), ("train.global_batch_size", 1), ("train.seq_len", 2),
                      ("train.max_doc_tokens", 1), ("train.warmup_steps", 0), ("train.log_every_n_steps", 1),
                      ("eval.max_tokens", 1), ("eval.batch_size", 1), ("eval.min_cluster_docs", 1),
-                     ("eval.max_cluster_metrics", 0), ("clusterer.k", 1), ("clusterer.niter", 1),
+                     ("eval.max_cluster_metrics", 0), ("clusterer.niter", 1),
                      ("clusterer.max_points_per_centroid", 1), ("embedder.batch_size", 1),
-                     ("embedder.max_seq_length", 1), ("trainer.accumulate_grad_batches", 1), ("trainer.num_nodes", 1)]:
+                     ("embedder.max_seq_length", 1), ("embedder.shard_size", 1), ("trainer.accumulate_grad_batches", 1), ("trainer.num_nodes", 1)]:
         _at_least(cfg, key, low)
-    for key in ("data.max_documents", "train.checkpoint_every_n_steps", "trainer.threads"):
+    for key in ("data.max_documents", "train.checkpoint_every_n_steps", "trainer.threads", "clusterer.k"):
         _at_least(cfg, key, 1, optional=True)
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
@@ -120,8 +120,22 @@ def check_sampler_options(cfg: DictConfig) -> None:
     """Build the sampler on a stand-in clustering (K clusters of one document) to check its options."""
     from ccexp.training import runner
 
-    k = int(cfg.clusterer.k)
+    k = cluster_count(cfg)
     probe = OmegaConf.merge(cfg, {"train": {"steps": 1}})
     labels = np.arange(k, dtype=np.int32)
     runner.make_sampler(probe, labels, np.ones(k, dtype=np.int64), np.zeros(k, dtype=np.float32),
                         total_steps=None)
+
+
+def cluster_count(cfg: DictConfig) -> int:
+    """K at the level the sampler balances: ``clusterer.k``, or ``clusterer.levels[sampler.level]``.
+
+    Raises:
+        CcexpError: if ``sampler.level`` is not a level of the clusterer.
+    """
+    levels = list(cfg.clusterer.levels) if "levels" in cfg.clusterer else [cfg.clusterer.k]
+    level = int(cfg.sampler.level)
+    if not 0 <= level < len(levels):
+        raise CcexpError(f"sampler.level={level} but clusterer={cfg.clusterer.name} has {len(levels)} level(s) "
+                         f"{levels}; use a level in 0..{len(levels) - 1}")
+    return int(levels[level])

@@ -20,10 +20,11 @@ def real_embeddings(tmp_path_factory, builtin_records):
     return np.asarray(emb), np.array([r["domain"] for r in picked])
 
 
-def test_embeddings_are_unit_norm_float32_and_meaningful(real_embeddings):
+def test_embeddings_are_unit_norm_float16_and_meaningful(real_embeddings):
     emb, domains = real_embeddings
-    assert emb.dtype == np.float32 and emb.shape == (180, 384)
-    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    assert emb.dtype == np.float16 and emb.shape == (180, 384)
+    np.testing.assert_allclose(np.linalg.norm(emb.astype(np.float32), axis=1), 1.0, atol=2e-3)
+    emb = emb.astype(np.float32)
     sim = emb @ emb.T
     same = (domains[:, None] == domains[None, :]) & ~np.eye(len(domains), dtype=bool)
     assert sim[same].mean() > sim[domains[:, None] != domains[None, :]].mean() + 0.1

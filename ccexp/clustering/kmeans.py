@@ -4,12 +4,13 @@ Centroids are trained on the training documents' embeddings (L2-normalised, so i
 cosine similarity; ``spherical=True`` re-normalises centroids each iteration, as the ClusterClip
 repository's ``kmeans.py`` does). FAISS silently subsamples to ``k · max_points_per_centroid``
 points; ccexp draws that sample itself, with the run's seed, and logs its size. Every document —
-training and held-out — is then assigned to its nearest centroid in batches.
+training and held-out — is then assigned to its nearest centroid in streamed batches over the
+memory-mapped embeddings (float16 or float32 on disk), on the GPU when FAISS has one.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,8 +22,10 @@ log = logging.getLogger("ccexp")
 @dataclass
 class Clustering:
     """labels int32[N] (all documents), centroids float32[K, d], sizes int64[K] (training documents
-    per cluster), similarity float32[N] (cosine similarity to the assigned centroid), and the number
-    of points that trained the centroids."""
+    per cluster), similarity float32[N] (cosine similarity to the assigned centroid), the number of
+    points that trained the centroids, and — for hierarchical clusterings — one entry per coarser
+    level in ``levels`` (dicts with ``labels``, ``centroids``, ``sizes``, ``similarity``, ``parent``
+    int32[K_finer] mapping the finer level's clusters to this level's)."""
 
     labels: np.ndarray
     centroids: np.ndarray
@@ -30,6 +33,72 @@ class Clustering:
     similarity: np.ndarray
     train_points: int
     objective: float
+    levels: list[dict] = field(default_factory=list)
+    selected: np.ndarray | None = None  # bool[N], training documents kept by a curation step
+
+
+def use_gpu(device: str) -> bool:
+    """``auto``: a GPU when this FAISS build has one; ``cpu``/``gpu`` force it (``gpu`` raises without one)."""
+    import faiss
+
+    n = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if device == "gpu" and n == 0:
+        raise CcexpError("clusterer.device=gpu but this FAISS has no GPU (install faiss-gpu on a GPU machine); "
+                         "use clusterer.device=auto")
+    return device != "cpu" and n > 0
+
+
+def train_centroids(x: np.ndarray, k: int, *, niter: int, seed: int, spherical: bool = True, nredo: int = 1,
+                    gpu: bool = False, verbose: bool = False) -> tuple[np.ndarray, float]:
+    """FAISS k-means on all rows of ``x`` (float32[n, d], n >= k); returns centroids float32[k, d] and the
+    final objective."""
+    import faiss
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
+    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, spherical=spherical, nredo=nredo, gpu=gpu,
+                      max_points_per_centroid=max(256, -(-x.shape[0] // k)), min_points_per_centroid=1,
+                      verbose=verbose)
+    km.train(x)
+    return km.centroids.astype(np.float32), float(km.obj[-1]) if len(km.obj) else float("nan")
+
+
+def assign(x: np.ndarray, centroids: np.ndarray, *, spherical: bool = True, batch: int = 65536,
+           gpu: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centroid of every row of ``x`` (streamed in ``batch`` rows, any float dtype, may be a
+    memory map): labels int32[n] and score float32[n] (inner product, or squared L2 distance)."""
+    import faiss
+
+    index = faiss.IndexFlatIP(centroids.shape[1]) if spherical else faiss.IndexFlatL2(centroids.shape[1])
+    if gpu:
+        index = faiss.index_cpu_to_all_gpus(index)
+    index.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    n = x.shape[0]
+    labels = np.empty(n, dtype=np.int32)
+    score = np.empty(n, dtype=np.float32)
+    for start in range(0, n, batch):
+        block = np.ascontiguousarray(x[start:start + batch], dtype=np.float32)
+        if not np.isfinite(block).all():
+            raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
+        dist, idx = index.search(block, 1)
+        labels[start:start + block.shape[0]] = idx[:, 0]
+        score[start:start + block.shape[0]] = dist[:, 0]
+    return labels, score
+
+
+def training_sample(train_idx: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """A seeded sample (sorted indices) of at most ``size`` training documents."""
+    if train_idx.size <= size:
+        return train_idx
+    return np.sort(np.random.default_rng(seed).choice(train_idx, size, replace=False))
+
+
+def check_k(k: int, train_docs: int, key: str = "clusterer.k") -> None:
+    if k < 1:
+        raise CcexpError(f"{key} must be >= 1, got {k}")
+    if k > train_docs:
+        raise CcexpError(f"{key}={k} is larger than the {train_docs} training documents; set {key} <= {train_docs}")
 
 
 class FaissKMeans:
@@ -39,63 +108,41 @@ class FaissKMeans:
         k: number of clusters K (``1 <= K <=`` training documents).
         niter: Lloyd iterations.
         seed: FAISS seed, also used to draw the training sample.
-        max_points_per_centroid: train on at most ``K ·`` this many points (a seeded sample).
+        max_points_per_centroid: train on a seeded sample of at most ``K ·`` this many points.
         spherical: normalise centroids (cosine k-means).
         nredo: restarts; the best objective is kept.
         assign_batch: vectors per assignment batch.
+        device: ``auto`` (GPU when FAISS has one), ``cpu`` or ``gpu``.
         verbose: FAISS's per-iteration log.
     """
 
     def __init__(self, k: int = 32, niter: int = 20, seed: int = 0, max_points_per_centroid: int = 256,
-                 spherical: bool = True, nredo: int = 1, assign_batch: int = 65536, verbose: bool = False):
+                 spherical: bool = True, nredo: int = 1, assign_batch: int = 65536, device: str = "auto",
+                 verbose: bool = False):
         self.k, self.niter, self.seed = int(k), int(niter), int(seed)
         self.max_points_per_centroid = int(max_points_per_centroid)
         self.spherical, self.nredo = bool(spherical), int(nredo)
-        self.assign_batch, self.verbose = int(assign_batch), bool(verbose)
+        self.assign_batch, self.device, self.verbose = int(assign_batch), device, bool(verbose)
 
     def fit(self, embeddings: np.ndarray, train_mask: np.ndarray) -> Clustering:
         """Train centroids on ``embeddings[train_mask]`` and assign every row.
 
         Args:
-            embeddings: float32[N, d] (may be a memory map).
+            embeddings: float[N, d] (float16 or float32; may be a memory map).
             train_mask: bool[N], True for the documents that train the centroids and count in sizes.
 
         Raises:
             CcexpError: if K exceeds the training documents, K < 1, or an embedding is not finite.
         """
-        import faiss
-
         train_idx = np.flatnonzero(train_mask)
-        if self.k < 1:
-            raise CcexpError(f"clusterer.k must be >= 1, got {self.k}")
-        if self.k > train_idx.size:
-            raise CcexpError(f"clusterer.k={self.k} is larger than the {train_idx.size} training documents; "
-                             f"set clusterer.k <= {train_idx.size}")
-        cap = self.k * self.max_points_per_centroid
-        rng = np.random.default_rng(self.seed)
-        sample = np.sort(rng.choice(train_idx, cap, replace=False)) if train_idx.size > cap else train_idx
-        x = np.ascontiguousarray(embeddings[sample], dtype=np.float32)
-        if not np.isfinite(x).all():
-            raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
-        d = x.shape[1]
-        km = faiss.Kmeans(d, self.k, niter=self.niter, seed=self.seed, spherical=self.spherical, nredo=self.nredo,
-                          max_points_per_centroid=max(self.max_points_per_centroid, -(-x.shape[0] // self.k)),
-                          min_points_per_centroid=1, verbose=self.verbose)
-        km.train(x)
-        log.info("cluster: k-means trained on %d of %d training documents (K=%d, %d iterations)",
-                 x.shape[0], train_idx.size, self.k, self.niter)
-        index = faiss.IndexFlatIP(d) if self.spherical else faiss.IndexFlatL2(d)
-        index.add(km.centroids)
-        n = embeddings.shape[0]
-        labels = np.empty(n, dtype=np.int32)
-        score = np.empty(n, dtype=np.float32)
-        for start in range(0, n, self.assign_batch):
-            block = np.ascontiguousarray(embeddings[start:start + self.assign_batch], dtype=np.float32)
-            if not np.isfinite(block).all():
-                raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
-            dist, idx = index.search(block, 1)
-            labels[start:start + block.shape[0]] = idx[:, 0]
-            score[start:start + block.shape[0]] = dist[:, 0]
+        check_k(self.k, train_idx.size)
+        gpu = use_gpu(self.device)
+        sample = training_sample(train_idx, self.k * self.max_points_per_centroid, self.seed)
+        centroids, objective = train_centroids(embeddings[sample], self.k, niter=self.niter, seed=self.seed,
+                                               spherical=self.spherical, nredo=self.nredo, gpu=gpu,
+                                               verbose=self.verbose)
+        log.info("cluster: k-means trained on %d of %d training documents (K=%d, %d iterations%s)",
+                 sample.size, train_idx.size, self.k, self.niter, ", GPU" if gpu else "")
+        labels, score = assign(embeddings, centroids, spherical=self.spherical, batch=self.assign_batch, gpu=gpu)
         sizes = np.bincount(labels[train_idx], minlength=self.k).astype(np.int64)
-        return Clustering(labels, km.centroids.astype(np.float32), sizes, score, int(x.shape[0]),
-                          float(km.obj[-1]) if len(km.obj) else float("nan"))
+        return Clustering(labels, centroids, sizes, score, int(sample.size), objective)

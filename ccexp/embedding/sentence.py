@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ccexp.errors import CcexpError
 
@@ -38,23 +37,25 @@ def resolve_model_path(model: str) -> str:
 
 
 class SentenceEmbedder:
-    """Embed documents with a local sentence-transformers model.
+    """Embed documents with a local sentence-transformers model, in resumable shards.
 
     Args:
         model: ``minilm`` or a local model folder.
         batch_size: documents per forward pass.
         max_seq_length: tokens per document (longer ones are truncated by the model).
-        device: ``cpu``, ``cuda``, ``cuda:1``... or ``auto`` (CUDA when available).
-        chunk_size: documents per write to the memory-mapped output (progress granularity).
+        device: ``cpu``, ``cuda``, ``cuda:1``... or ``auto`` (CUDA when available; every local GPU
+            through sentence-transformers' multi-process pool when there are several).
+        shard_size: documents per shard (the unit of progress, resume and rank assignment).
     """
 
     def __init__(self, model: str = "minilm", batch_size: int = 64, max_seq_length: int = 256,
-                 device: str = "auto", chunk_size: int = 2048):
+                 device: str = "auto", shard_size: int = 2048):
         self.model_path = resolve_model_path(model)
         self.batch_size = int(batch_size)
         self.max_seq_length = int(max_seq_length)
         self.device = device
-        self.chunk_size = int(chunk_size)
+        self.shard_size = int(shard_size)
+        self._model = None
 
     def _load(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,28 +72,33 @@ class SentenceEmbedder:
         model.max_seq_length = self.max_seq_length
         return model
 
-    def embed(self, texts: list[str], out_path: Path) -> np.ndarray:
-        """Write float32[N, d] L2-normalised embeddings to ``out_path`` (``.npy``) and return them
-        memory-mapped (read-only).
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """float32[n, d] L2-normalised embeddings of ``texts``."""
+        import torch
+
+        if self._model is None:
+            self._model = self._load()
+        devices = None
+        if self.device == "auto" and torch.cuda.device_count() > 1:
+            devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        return self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                                  show_progress_bar=False, **({"device": devices} if devices else {}))
+
+    def embed(self, texts: list[str], out_path: Path, work_dir: Path | None = None, *, rank: int = 0,
+              world_size: int = 1) -> np.ndarray | None:
+        """Embed ``texts`` shard by shard into ``work_dir`` (resuming finished shards), then — on rank 0,
+        once every rank's shards are done — assemble float16[N, d] L2-normalised embeddings at
+        ``out_path`` and return them memory-mapped (other ranks return None).
 
         Raises:
-            CcexpError: if the model yields a non-finite embedding (the document is named).
+            CcexpError: if the model cannot be loaded or yields a non-finite embedding.
         """
-        model = self._load()
-        dim = model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension") \
-            else model.get_sentence_embedding_dimension()
-        out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float32, shape=(len(texts), dim))
-        with tqdm(total=len(texts), desc="embed", unit="doc", mininterval=2.0) as bar:
-            for start in range(0, len(texts), self.chunk_size):
-                chunk = texts[start:start + self.chunk_size]
-                emb = model.encode(chunk, batch_size=self.batch_size, normalize_embeddings=True,
-                                   convert_to_numpy=True, show_progress_bar=False)
-                bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
-                if bad.size:
-                    raise CcexpError(f"embedding of document {start + bad[0]} is not finite; check that document "
-                                     "or the embedder model")
-                out[start:start + len(chunk)] = emb
-                bar.update(len(chunk))
-        out.flush()
-        del out
-        return np.load(out_path, mmap_mode="r")
+        from ccexp.embedding.shards import assemble, embed_shards, wait_for_shards
+
+        work_dir = Path(work_dir or Path(out_path).parent / "shards")
+        self.last_stats = embed_shards(self.encode, texts, work_dir, shard_size=self.shard_size, rank=rank,
+                                       world_size=world_size)
+        if rank != 0:
+            return None
+        wait_for_shards(work_dir, -(-len(texts) // self.shard_size))
+        return assemble(work_dir, len(texts), self.shard_size, Path(out_path))

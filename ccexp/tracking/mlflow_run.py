@@ -54,7 +54,10 @@ def run_name(cfg: DictConfig) -> str:
     container.pop("paths", None)
     container.get("train", {}).pop("resume_from", None)
     digest = hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:4]
-    return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cfg.clusterer.k}-s{cfg.seed}-{digest}"
+    from ccexp.validate import cluster_count
+
+    level = f"l{cfg.sampler.level}" if cfg.sampler.level else ""
+    return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cluster_count(cfg)}{level}-s{cfg.seed}-{digest}"
 
 
 def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:

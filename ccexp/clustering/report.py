@@ -1,0 +1,95 @@
+"""Cluster report: how balanced the clustering is, how it agrees with the corpus labels, and what
+each cluster contains — so a person can see what the sampler is balancing.
+
+* imbalance: largest/smallest non-empty cluster, Gini coefficient of the sizes (0 = equal), size
+  entropy normalised by ``ln K`` (1 = equal), empty clusters;
+* agreement with a label (e.g. ``domain``), via scikit-learn: normalised mutual information,
+  adjusted Rand index, purity (share of documents in their cluster's majority label);
+* ``sizes.png``: the size histogram on log axes; ``clusters.md`` / ``clusters.html``: per cluster its
+  size, majority label and the documents nearest to the centroid.
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+
+
+def imbalance(sizes: np.ndarray) -> dict[str, float]:
+    s = np.sort(np.asarray(sizes, dtype=np.float64))
+    nz = s[s > 0]
+    k = nz.size
+    p = nz / nz.sum()
+    gini = float((2 * np.arange(1, k + 1) - k - 1) @ nz / (k * nz.sum())) if k > 1 else 0.0
+    return {"clusters": float(s.size), "empty": float(s.size - k), "largest": float(nz.max()),
+            "smallest": float(nz.min()), "max_min_ratio": float(nz.max() / nz.min()), "gini": gini,
+            "size_entropy_norm": float(-(p * np.log(p)).sum() / np.log(k)) if k > 1 else 1.0}
+
+
+def agreement(labels: np.ndarray, values: list[str]) -> dict[str, float]:
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    _, truth = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
+    table = np.zeros((int(labels.max()) + 1, int(truth.max()) + 1), dtype=np.int64)
+    np.add.at(table, (labels, truth), 1)
+    return {"nmi": float(normalized_mutual_info_score(truth, labels)),
+            "ari": float(adjusted_rand_score(truth, labels)),
+            "purity": float(table.max(axis=1).sum() / labels.size)}
+
+
+def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray, similarity: np.ndarray,
+                         texts: list[str], label_values: dict[str, list[str]], train_mask: np.ndarray,
+                         samples_per_cluster: int = 3, max_clusters: int = 200, chars: int = 160) -> dict[str, float]:
+    """Write the report files into ``out_dir``; return the metrics (``cluster/*`` names without prefix)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = imbalance(sizes)
+    train_idx = np.flatnonzero(train_mask)
+    majority: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for name, values in label_values.items():
+        vals = np.asarray(values, dtype=object).astype(str)
+        metrics.update({f"{name}_{k}": v for k, v in agreement(labels[train_idx], list(vals[train_idx])).items()})
+        uniq, inv = np.unique(vals[train_idx], return_inverse=True)
+        table = np.zeros((sizes.size, uniq.size), dtype=np.int64)
+        np.add.at(table, (labels[train_idx], inv), 1)
+        majority[name] = (uniq, table.argmax(axis=1), table.max(axis=1))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    nz = sizes[sizes > 0]
+    ax.hist(nz, bins=np.logspace(np.log10(nz.min()), np.log10(nz.max() + 1), 30))
+    ax.set(xscale="log", yscale="log", xlabel="cluster size (training documents)", ylabel="clusters",
+           title=f"cluster sizes (K={sizes.size}, Gini {metrics['gini']:.2f})")
+    fig.tight_layout()
+    fig.savefig(out_dir / "sizes.png", dpi=110)
+    plt.close(fig)
+
+    order = np.lexsort((-similarity[train_idx], labels[train_idx]))
+    ranked = train_idx[order]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rows = []
+    for c in np.argsort(-sizes, kind="stable")[:max_clusters]:
+        if sizes[c] == 0:
+            continue
+        docs = ranked[starts[c]:starts[c] + min(samples_per_cluster, sizes[c])]
+        samples = [" ".join(texts[d].split())[:chars] for d in docs]
+        tags = [f"{name}: {u[a[c]]} ({m[c] / sizes[c]:.0%})" for name, (u, a, m) in majority.items()]
+        rows.append((int(c), int(sizes[c]), "; ".join(tags), samples))
+    head = ["| cluster | size | majority label | nearest to centroid |", "|---:|---:|---|---|"]
+    md = [f"# Clusters (K={sizes.size})", "",
+          ", ".join(f"{k} {v:.3g}" for k, v in metrics.items()), "", *head]
+    md += [f"| {c} | {n} | {tag} | " + " / ".join(s.replace("|", "\\|") for s in samples) + " |"
+           for c, n, tag, samples in rows]
+    (out_dir / "clusters.md").write_text("\n".join(md) + "\n")
+    cells = "".join(f"<tr><td>{c}</td><td>{n}</td><td>{html.escape(tag)}</td><td><ol>"
+                    + "".join(f"<li>{html.escape(s)}</li>" for s in samples) + "</ol></td></tr>"
+                    for c, n, tag, samples in rows)
+    (out_dir / "clusters.html").write_text(
+        "<!doctype html><meta charset='utf-8'><title>ccexp clusters</title><h1>Clusters</h1>"
+        f"<p>{html.escape(md[2])}</p><img src='sizes.png'><table border=1 cellpadding=4>"
+        f"<tr><th>cluster</th><th>size</th><th>majority label</th><th>nearest to centroid</th></tr>{cells}</table>")
+    return metrics

@@ -1,0 +1,101 @@
+"""Sharded, resumable embedding (the datatrove pattern: completion markers, skip what is done).
+
+The corpus is cut into shards of ``shard_size`` documents. Each shard's embeddings are written as
+float16 ``shard-<i>.npy`` (to a temporary name, then renamed) followed by a ``shard-<i>.done``
+marker, so a killed run leaves only whole shards behind and a rerun embeds the unfinished ones
+only. Shards are spread over the ranks of a data-parallel launch (``RANK`` / ``WORLD_SIZE`` from
+torchrun or srun): rank r takes shards ``i ≡ r (mod W)``; rank 0 waits for every marker (a
+file-system barrier, so no process group is needed) and assembles one memory-mapped array.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ccexp.errors import CcexpError
+
+log = logging.getLogger("ccexp")
+
+
+def launch_rank() -> tuple[int, int]:
+    """(rank, world size) of a torchrun/srun launch from the environment; (0, 1) otherwise."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
+    return rank, max(1, world)
+
+
+def shard_path(work_dir: Path, i: int) -> Path:
+    return work_dir / f"shard-{i:06d}.npy"
+
+
+def done_marker(work_dir: Path, i: int) -> Path:
+    return work_dir / f"shard-{i:06d}.done"
+
+
+def embed_shards(encode: Callable[[list[str]], np.ndarray], texts: list[str], work_dir: Path, *, shard_size: int,
+                 rank: int = 0, world_size: int = 1, progress: bool = True) -> dict[str, list[int]]:
+    """Embed this rank's unfinished shards of ``texts`` into ``work_dir``.
+
+    Args:
+        encode: documents -> float32[n, d] L2-normalised embeddings.
+        shard_size: documents per shard.
+
+    Returns:
+        ``{"embedded": [...], "skipped": [...]}``: the shard numbers embedded now and found done.
+
+    Raises:
+        CcexpError: if an embedding is not finite (the document is named).
+    """
+    if shard_size < 1:
+        raise CcexpError(f"embedder.shard_size must be >= 1, got {shard_size}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    n_shards = -(-len(texts) // shard_size)
+    mine = list(range(rank, n_shards, world_size))
+    skipped = [i for i in mine if done_marker(work_dir, i).is_file()]
+    todo = [i for i in mine if i not in set(skipped)]
+    docs_todo = sum(min(shard_size, len(texts) - i * shard_size) for i in todo)
+    if skipped:
+        log.info("embed: resuming, %d of %d shards already done", len(skipped), len(mine))
+    with tqdm(total=docs_todo, desc=f"embed (rank {rank})" if world_size > 1 else "embed", unit="doc",
+              mininterval=2.0, disable=not progress) as bar:
+        for i in todo:
+            start = i * shard_size
+            emb = encode(texts[start:start + shard_size])
+            bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
+            if bad.size:
+                raise CcexpError(f"embedding of document {start + bad[0]} is not finite; check that document or the "
+                                 "embedder model")
+            tmp = work_dir / f".shard-{i:06d}.{os.getpid()}.npy"
+            np.save(tmp, emb.astype(np.float16))
+            os.replace(tmp, shard_path(work_dir, i))
+            done_marker(work_dir, i).write_text(f"{emb.shape[0]}\n")
+            bar.update(emb.shape[0])
+    return {"embedded": todo, "skipped": skipped}
+
+
+def wait_for_shards(work_dir: Path, n_shards: int, timeout_s: float = 7 * 24 * 3600, poll_s: float = 5.0) -> None:
+    """Block until every shard's marker exists (other ranks may still be embedding)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(done_marker(work_dir, i).is_file() for i in range(n_shards)):
+        if time.monotonic() > deadline:
+            raise CcexpError(f"embed: shards in {work_dir} did not all finish within {timeout_s:.0f} s; is a rank down?")
+        time.sleep(poll_s)
+
+
+def assemble(work_dir: Path, n_docs: int, shard_size: int, out_path: Path) -> np.ndarray:
+    """Concatenate the shards into one float16[N, d] ``.npy`` at ``out_path``; return it memory-mapped."""
+    n_shards = -(-n_docs // shard_size)
+    dim = np.load(shard_path(work_dir, 0), mmap_mode="r").shape[1]
+    out = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float16, shape=(n_docs, dim))
+    for i in range(n_shards):
+        block = np.load(shard_path(work_dir, i), mmap_mode="r")
+        out[i * shard_size:i * shard_size + block.shape[0]] = block
+    out.flush()
+    del out
+    return np.load(out_path, mmap_mode="r")
