@@ -8,7 +8,7 @@ import re
 import pytest
 from mlflow import MlflowClient
 
-from conftest import ROOT, run_ccexp
+from conftest import run_ccexp
 
 TINY = ["data=jsonl", "data.label_fields=[domain]", "data.heldout_fraction=0.2", "clusterer.k=4", "train.steps=6", "train.global_batch_size=8",
         "train.seq_len=64", "train.max_doc_tokens=64", "train.warmup_steps=2", "train.log_every_n_steps=2",
