@@ -32,15 +32,17 @@ def _as_list(value, n: int, name: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def closest_per_cluster(labels: np.ndarray, score: np.ndarray, k: int, per: int, rng=None) -> np.ndarray:
+def closest_per_cluster(labels: np.ndarray, score: np.ndarray, k: int, per, rng=None) -> np.ndarray:
     """Indices of the ``per`` points with the highest ``score`` in each of the ``k`` clusters (random
-    points when ``rng`` is given), vectorised: one lexsort, no loop over points."""
-    key = rng.random(labels.size) if rng is not None else -score
+    points when ``rng`` is given); ``per`` is one count or int[k], one per cluster. Vectorised: one
+    lexsort, no loop over points."""
+    key = rng.random(labels.size) if rng is not None else -np.asarray(score)
     order = np.lexsort((key, labels))
     sizes = np.bincount(labels, minlength=k)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rank = np.arange(labels.size) - np.repeat(starts, sizes)
-    return order[rank < per]
+    quota = np.asarray(per)
+    return order[rank < (quota[labels[order]] if quota.ndim else quota)]
 
 
 class HierarchicalKMeans:
@@ -189,13 +191,8 @@ def balanced_selection(level_labels: list[np.ndarray], num_clusters: list[int], 
             kids = np.flatnonzero(parent == c)
             child_quota[kids] = water_fill(sizes[level - 1][kids], int(quota[c]), rng)
         quota = child_quota
-    finest = level_labels[0][idx]
-    key = rng.random(idx.size) if strategy == "random" else -np.asarray(similarity)[idx]
-    order = np.lexsort((key, finest))
-    counts = np.bincount(finest, minlength=quota.size)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.empty(idx.size, dtype=np.int64)
-    rank[order] = np.arange(idx.size) - np.repeat(starts, counts)
+    picked = closest_per_cluster(level_labels[0][idx], np.asarray(similarity)[idx], quota.size, quota,
+                                 rng if strategy == "random" else None)
     selected = np.zeros(train_mask.size, dtype=bool)
-    selected[idx[rank < quota[finest]]] = True
+    selected[idx[picked]] = True
     return selected

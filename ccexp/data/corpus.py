@@ -24,7 +24,7 @@ BUILTIN_PATH = Path(__file__).parent / "builtin" / "debmix_mini.jsonl.gz"
 
 @dataclass
 class Corpus:
-    """Column-wise documents. ``split`` is bool[N], True for held-out documents (after :func:`split`)."""
+    """Column-wise documents. ``heldout`` is bool[N], True for held-out documents (see :func:`split_heldout`)."""
 
     ids: list[str]
     texts: list[str]
