@@ -37,9 +37,21 @@ def main(cfg: DictConfig) -> float:
     return float(metrics.get("ppl_macro", float("nan")))
 
 
+# settings that no longer exist, and what replaced them (appended to the error that names them)
+RETIRED = {
+    "global_batch_size": "a step is now tokens, not documents: set train.tokens_per_step (all ranks together) and "
+                         "train.micro_batch_size (rows per forward pass)",
+    "accumulate_grad_batches": "gradient accumulation is derived: tokens_per_step / (seq_len x micro_batch_size x "
+                               "world size); set train.tokens_per_step or train.micro_batch_size",
+}
+
+
 def fail(message: str) -> None:
     """Print one error line and exit with status 2 (SystemExit passes through Hydra's job runner,
     which would otherwise add its own "Error executing job" line)."""
+    for key, hint in RETIRED.items():
+        if f"'{key}'" in message or f".{key}" in message:
+            message = f"{message}; {key} was retired: {hint}"
     print(f"ccexp: error: {message}", file=sys.stderr)
     sys.exit(2)
 

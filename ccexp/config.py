@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+
+from ccexp.errors import CcexpError
 
 
 @dataclass
@@ -19,13 +21,77 @@ class PathsConfig:
     cache: str = "${paths.outputs}/cache"
 
 
+def world_size(devices: Any, num_nodes: int, accelerator: str) -> int:
+    """Data-parallel ranks of a Lightning ``Trainer(devices, num_nodes, accelerator)``.
+
+    ``devices`` is a count, a list of device ids, or ``-1``/``"auto"`` (every visible GPU; one CPU process).
+
+    Raises:
+        CcexpError: for ``devices=-1`` on the CPU (Lightning needs a process count there).
+    """
+    if OmegaConf.is_list(devices) or isinstance(devices, (list, tuple)):
+        per_node = len(devices)
+    elif devices in (-1, "-1", "auto"):
+        if accelerator in ("gpu", "cuda"):
+            import torch
+
+            per_node = max(1, torch.cuda.device_count())
+        elif devices == "auto":
+            per_node = 1
+        else:
+            raise CcexpError("trainer.devices=-1 means every GPU; on the CPU give a process count, e.g. trainer.devices=2")
+    else:
+        per_node = int(devices)
+    return per_node * int(num_nodes)
+
+
+def grad_accumulation(tokens_per_step: int, seq_len: int, micro_batch_size: int, world: int) -> int:
+    """Micro-batches per optimizer step per rank: ``tokens_per_step / (seq_len · micro_batch_size · world)``.
+
+    Raises:
+        CcexpError: if the step's tokens do not split into whole rows, or its rows into whole
+            micro-batches on every rank (the message gives values that do).
+    """
+    if tokens_per_step < 1 or seq_len < 1 or micro_batch_size < 1:
+        raise CcexpError(f"train.tokens_per_step={tokens_per_step}, train.seq_len={seq_len} and "
+                         f"train.micro_batch_size={micro_batch_size} must all be >= 1")
+    if tokens_per_step % seq_len:
+        raise CcexpError(f"train.tokens_per_step={tokens_per_step} is not a whole number of rows of "
+                         f"train.seq_len={seq_len} tokens; use a multiple of {seq_len}, e.g. "
+                         f"{max(1, round(tokens_per_step / seq_len)) * seq_len}")
+    rows, per_pass = tokens_per_step // seq_len, micro_batch_size * world
+    if rows % per_pass:
+        per_rank, rest = divmod(rows, world)
+        divisor = 0 if rest else max(d for d in range(1, micro_batch_size + 1) if per_rank % d == 0)
+        hint = (f"train.micro_batch_size={divisor}" if divisor else
+                f"train.tokens_per_step={-(-rows // per_pass) * per_pass * seq_len}")
+        raise CcexpError(f"train.tokens_per_step={tokens_per_step} is {rows} rows of {seq_len} tokens, which do not "
+                         f"split into micro-batches of train.micro_batch_size={micro_batch_size} rows on {world} "
+                         f"rank(s) ({per_pass} rows per pass); use e.g. {hint}")
+    return rows // per_pass
+
+
+def _grad_accumulation_resolver(tokens_per_step, seq_len, micro_batch_size, devices, num_nodes, accelerator) -> int:
+    return grad_accumulation(int(tokens_per_step), int(seq_len), int(micro_batch_size),
+                             world_size(devices, int(num_nodes), str(accelerator)))
+
+
+OmegaConf.register_new_resolver("ccexp.grad_accumulation", _grad_accumulation_resolver, replace=True)
+GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train.seq_len},${train.micro_batch_size},"
+                     "${trainer.devices},${trainer.num_nodes},${trainer.accelerator}}")
+
+
 @dataclass
 class TrainConfig:
-    steps: int = 1000
-    global_batch_size: int = 32  # documents per optimizer step, all ranks together
-    seq_len: int = 128  # tokens per packed sequence
-    max_doc_tokens: int = 256  # longer documents are truncated before packing
-    lr: float = 1e-3
+    steps: int = 1000  # optimizer steps
+    tokens_per_step: int = 2048  # target tokens per optimizer step, all ranks together (a multiple of seq_len)
+    micro_batch_size: int = 16  # rows of seq_len tokens per forward pass per rank: what sets peak memory
+    # derived: micro-batches per optimizer step per rank = tokens_per_step / (seq_len · micro_batch_size · world size)
+    grad_accumulation: int = GRAD_ACCUMULATION  # type: ignore[assignment]
+    seq_len: int = 128  # input tokens per row
+    max_doc_tokens: Optional[int] = None  # cap on the tokens taken from one document (cut tokens are counted)
+    document_mask: bool = False  # attend only within each document (per-document position ids)
+    lr: float = 2e-3
     weight_decay: float = 0.1
     warmup_steps: int = 20
     log_every_n_steps: int = 10
@@ -164,7 +230,6 @@ class TrainerConfig:
     strategy: str = "auto"
     precision: str = "32-true"
     gradient_clip_val: Optional[float] = 1.0
-    accumulate_grad_batches: int = 1
     threads: Optional[int] = None  # torch.set_num_threads on CPU; None = torch's default
     enable_progress_bar: bool = True
 
@@ -196,6 +261,8 @@ class EvalConfig:
     batch_size: int = 32
     max_cluster_metrics: int = 256  # per-cluster metrics go to MLflow when K <= this (CSV always)
     min_cluster_docs: int = 5  # ppl_worst considers clusters with at least this many held-out documents
+    every_n_steps: Optional[int] = 100  # score a fixed held-out sample every N optimizer steps (curve/*); null = off
+    curve_documents: int = 128  # size of that sample (the same documents for every run of a corpus)
     balance_report: bool = True  # plots + Markdown of the corpus vs trained cluster mix
     lm_eval: Optional[LmEvalConfig] = None
 

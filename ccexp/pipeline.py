@@ -19,6 +19,7 @@ from ccexp import stages
 from ccexp.artifacts import StageStore
 from ccexp.build import build, check_buildable
 from ccexp.validate import check_config, check_sampler_options
+from ccexp.data.packing import TokenStream, stream_lengths
 from ccexp.data.tokenize import load_tokenizer
 from ccexp.evaluation.perplexity import document_nll, summarize
 from ccexp.tracking.mlflow_run import flatten, make_logger, metric_keys, run_name
@@ -67,8 +68,19 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     heldout_docs = np.flatnonzero(corpus.heldout)
     sizes = np.bincount(labels[train_docs], minlength=cluster_stage.figures["levels"][cfg.sampler.level]).astype(np.int64)
 
-    # 2. sampler, model, training
-    sampler = runner.make_sampler(cfg, labels[train_docs], sizes, similarity[train_docs])
+    # 2. sampler, token stream, model, training
+    doc_tokens = offsets[train_docs + 1] - offsets[train_docs]
+    stream_len = stream_lengths(doc_tokens, cfg.train.max_doc_tokens)
+    sampler = runner.make_sampler(cfg, labels[train_docs], sizes, similarity[train_docs], stream_len)
+    stream = TokenStream(sampler, doc_tokens, seq_len=cfg.train.seq_len,
+                         rows_per_step=cfg.train.tokens_per_step // cfg.train.seq_len,
+                         max_doc_tokens=cfg.train.max_doc_tokens)
+    t = cfg.train
+    budget, split_tokens = t.steps * t.tokens_per_step, int(stream_len.sum())
+    log.info("train: %d steps x %s tokens = %s tokens (%.2f passes over the %s tokens of %s training documents); "
+             "a step is %d rows of %d tokens, %d micro-batch(es) of %d rows per rank", t.steps, f"{t.tokens_per_step:,}",
+             f"{budget:,}", budget / max(1, split_tokens), f"{split_tokens:,}", f"{train_docs.size:,}",
+             stream.rows_per_step, t.seq_len, t.grad_accumulation, t.micro_batch_size)
     model = runner.make_model(cfg, tok)
     logger = make_logger(cfg, outputs, tags={"sampler": cfg.sampler.name, "model": cfg.model.name,
                                              "data": cfg.data.name, "run_dir": str(run_dir)})
@@ -76,7 +88,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         logger.log_hyperparams(flatten(cfg))
         log.info("mlflow: run %r (%s) in %s", run_name(cfg), logger.run_id, logger._tracking_uri)
     try:
-        return _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, sizes, tokens, offsets, tok,
+        return _train_evaluate_log(cfg, run_dir, logger, stream, model, corpus, labels, sizes, tokens, offsets, tok,
                                    train_docs, heldout_docs, (corpus_stage, embed_stage, cluster_stage, tokenize_stage),
                                    t_start)
     except BaseException:
@@ -85,14 +97,30 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         raise
 
 
-def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, sizes, tokens, offsets, tok, train_docs,
+def _curve_callback(cfg, tokens, offsets, tok, heldout_docs, labels, sizes, corpus):
+    """The held-out curve: a fixed sample of held-out documents (the same for every run on this
+    corpus: drawn with a constant seed, not the run's) scored every ``eval.every_n_steps`` steps."""
+    if not cfg.eval.every_n_steps:
+        return []
+    sample = np.sort(np.random.default_rng(0).permutation(heldout_docs)[:cfg.eval.curve_documents])
+    return [runner.HeldoutCurve(cfg.eval.every_n_steps, tokens=tokens, offsets=offsets, docs=sample,
+                                clusters=labels[sample], num_clusters=int(sizes.size),
+                                labels={k: [v[i] for i in sample] for k, v in corpus.labels.items()},
+                                score_args=dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                                                max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size),
+                                min_cluster_docs=cfg.eval.min_cluster_docs)]
+
+
+def _train_evaluate_log(cfg, run_dir, logger, stream, model, corpus, labels, sizes, tokens, offsets, tok, train_docs,
                         heldout_docs, stage_results, t_start) -> dict[str, float]:
     corpus_stage, embed_stage, cluster_stage, tokenize_stage = stage_results
+    sampler = stream.sampler
     t_train = time.perf_counter()
-    trainer, module = runner.fit(cfg, run_dir=run_dir, logger=logger, sampler=sampler, model=model,
+    trainer, module = runner.fit(cfg, run_dir=run_dir, logger=logger, stream=stream, model=model,
                                  datamodule_args=dict(train_docs=train_docs, tokens=tokens, offsets=offsets,
-                                                      doc_clusters=labels, eos_id=tok.eos_token_id,
-                                                      pad_id=tok.pad_token_id),
+                                                      eos_id=tok.eos_token_id),
+                                 callbacks=_curve_callback(cfg, tokens, offsets, tok, heldout_docs, labels, sizes,
+                                                           corpus),
                                  ckpt_path=cfg.train.resume_from)
     train_seconds = time.perf_counter() - t_train
     if not trainer.is_global_zero:
@@ -124,7 +152,7 @@ def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, si
     exposure = sampler.exposure()
     with open(tables / "clusters.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["cluster", "train_size", "exposure", "train_loss_tokens", "train_loss_mean",
+        w.writerow(["cluster", "train_size", "exposure", "train_tokens", "train_loss_mean",
                     "heldout_docs", "heldout_tokens", "heldout_ppl"])
         loss_sum, loss_tok = module.cluster_loss_sum.cpu().numpy(), module.cluster_tokens.cpu().numpy()
         for c in range(int(sizes.size)):
@@ -149,7 +177,9 @@ def _train_evaluate_log(cfg, run_dir, logger, sampler, model, corpus, labels, si
     timing.update({f"cache/{s.stage}_reused": float(s.reused)
                    for s in (corpus_stage, embed_stage, cluster_stage, tokenize_stage)})
     timing.update({"time/train_seconds": train_seconds, "time/eval_seconds": eval_seconds,
-                   "time/total_seconds": total_seconds, "train/tokens_per_s": module.tokens_seen / train_seconds})
+                   "time/total_seconds": total_seconds, "train/tokens_per_s": module.tokens_seen / train_seconds,
+                   "train/tokens": float(module.tokens_seen), "data/truncated_tokens": float(stream.truncated_tokens),
+                   "data/documents_started": float(stream.documents_started)})
     if logger is not None:
         client, run_id = logger.experiment, logger.run_id
         keep = {(k if k.startswith("lm_eval/") else f"eval/{k}"): v for k, v in metrics.items()

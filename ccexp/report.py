@@ -3,12 +3,18 @@
 Reads the runs of a sweep (the children of an MLflow parent run; by default the latest sweep) or of
 a whole experiment from the MLflow store, groups them by sampler, and writes, for every held-out and
 lm-eval metric, the mean over seeds with a 95 % confidence interval (Student's t with n-1 degrees
-of freedom; n/a for a single seed): ``report.md``, ``report.html``, ``comparison.csv`` and
-``comparison.png`` (the headline metrics as bars with CI whiskers).
+of freedom; n/a for a single seed), and — against a baseline sampler (``--baseline``, default
+``random`` when present) — the *paired* difference of every other sampler, run by run with the same
+seed: the mean difference with its 95 % confidence interval (Student's t over the n pairs) and a
+mark where the interval excludes 0. Pairing by seed removes the variance the samplers share (the
+clustering and initialisation follow the seed), so it detects smaller effects than comparing the
+two means. The report also states whether every run trained on the same number of tokens.
+Files: ``report.md``, ``report.html``, ``comparison.csv``, ``paired.csv`` and ``comparison.png``
+(the headline metrics as bars with CI whiskers).
 
 Usage:
     python -m ccexp.report                                   # latest sweep in outputs/mlflow.db
-    python -m ccexp.report --parent <run id> --out reports/x
+    python -m ccexp.report --parent <run id> --out reports/x --baseline uniform
     python -m ccexp.report --all-runs --experiment ccexp
 """
 from __future__ import annotations
@@ -41,6 +47,37 @@ def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     return float(x.mean()), float(half)
 
 
+def paired_differences(groups: dict[str, list], baseline: str, metrics: list[str]) -> dict[str, dict[str, dict]]:
+    """Per metric and sampler: runs paired with the baseline's run of the same seed.
+
+    Returns:
+        ``{metric: {sampler: {"mean", "half", "n", "significant"}}}`` with ``mean`` the mean of
+        (sampler − baseline) over the pairs, ``half`` the half-width of its 95 % confidence interval
+        (Student's t, n−1 degrees of freedom; NaN for n < 2) and ``significant`` true where the
+        interval excludes 0. Seeds with several runs in one group are not paired.
+    """
+    def by_seed(runs: list) -> dict[str, object]:
+        seeds: dict[str, list] = {}
+        for r in runs:
+            seeds.setdefault(r.data.params.get("seed", "?"), []).append(r)
+        return {s: rs[0] for s, rs in seeds.items() if len(rs) == 1}
+
+    base = by_seed(groups[baseline])
+    out: dict[str, dict[str, dict]] = {}
+    for m in metrics:
+        for g, runs in groups.items():
+            if g == baseline:
+                continue
+            mine = by_seed(runs)
+            diffs = [mine[s].data.metrics[m] - base[s].data.metrics[m] for s in sorted(mine.keys() & base.keys())
+                     if m in mine[s].data.metrics and m in base[s].data.metrics]
+            if diffs:
+                mean, half = mean_ci(diffs)
+                out.setdefault(m, {})[g] = {"mean": mean, "half": half, "n": len(diffs),
+                                            "significant": bool(not math.isnan(half) and abs(mean) > half)}
+    return out
+
+
 def collect(client, *, parent_run_id: str | None = None, experiment: str = "ccexp") -> list:
     if parent_run_id:
         parent = client.get_run(parent_run_id)
@@ -65,8 +102,16 @@ def latest_sweep(client, experiment: str = "ccexp") -> str:
 
 
 def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, experiment: str = "ccexp",
-                 group_by: str = "sampler") -> list[Path]:
-    """Write the comparison files for the selected runs; return their paths."""
+                 group_by: str = "sampler", baseline: str = "random", require_baseline: bool = False) -> list[Path]:
+    """Write the comparison files for the selected runs; return their paths.
+
+    Args:
+        baseline: the group the paired differences are taken against; skipped when no run has it,
+            unless ``require_baseline``.
+
+    Raises:
+        CcexpError: if there is no finished run, or ``require_baseline`` and no run of ``baseline``.
+    """
     runs = collect(client, parent_run_id=parent_run_id, experiment=experiment)
     if not runs:
         raise CcexpError("no finished runs to compare")
@@ -89,19 +134,55 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
         return (f"{mean:.4g} ± {half:.2g}" if not math.isnan(half) else f"{mean:.4g}") + f" (n={n})"
 
     title = f"ccexp comparison: {len(runs)} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
-    md = [f"# {title}", "", "Mean ± half-width of the 95 % confidence interval over seeds (Student's t); "
+    tokens = sorted({int(r.data.metrics.get("train/tokens", -1)) for r in runs})
+    budget = (f"Every run trained on exactly {tokens[0]:,} tokens (a token-fair comparison)." if len(tokens) == 1
+              and tokens[0] >= 0 else "Warning: the runs trained on different numbers of tokens ("
+              + ", ".join(f"{t:,}" for t in tokens if t >= 0) + "): differences mix policy and compute.")
+    md = [f"# {title}", "", budget, "", "Mean ± half-width of the 95 % confidence interval over seeds (Student's t); "
           "lower is better for perplexities, higher for accuracies.", "",
           "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     md += [f"| {m} | " + " | ".join(cell(m, g) for g in names) + " |" for m in metric_names]
+    if require_baseline and baseline not in groups:
+        raise CcexpError(f"--baseline {baseline!r} has no finished run here; the samplers are {', '.join(names)}")
+    quality = [m for m in metric_names if not m.startswith("train/")]
+    paired = paired_differences(groups, baseline, quality) if baseline in groups and len(names) > 1 else {}
+    others = [g for g in names if g != baseline]
+
+    def diff(m: str, g: str) -> str:
+        d = paired.get(m, {}).get(g)
+        if d is None:
+            return "—"
+        ci = f" ± {d['half']:.2g}" if not math.isnan(d["half"]) else ""
+        return f"{d['mean']:+.4g}{ci}{' *' if d['significant'] else ''} (n={d['n']})"
+
+    if paired:
+        md += ["", f"## Paired differences against {baseline}", "",
+               f"Sampler − {baseline}, run by run with the same seed: mean ± half-width of the 95 % confidence "
+               "interval (Student's t over the pairs); * where the interval excludes 0. For perplexities a "
+               "negative difference is an improvement.", "",
+               "| metric | " + " | ".join(others) + " |", "|---|" + "---:|" * len(others)]
+        md += [f"| {m} | " + " | ".join(diff(m, g) for g in others) + " |" for m in quality if m in paired]
+        with open(out_dir / "paired.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["metric", group_by, "baseline", "mean_difference", "ci95_half_width", "n_pairs", "significant"])
+            w.writerows([m, g, baseline, d["mean"], d["half"], d["n"], int(d["significant"])]
+                        for m in quality for g, d in paired.get(m, {}).items())
     md += ["", "Seeds: " + "; ".join(f"{g}: {', '.join(seeds[g])}" for g in names), "",
            "![comparison](comparison.png)", ""]
     (out_dir / "report.md").write_text("\n".join(md))
     rows = "".join("<tr><td>" + html.escape(m) + "</td>" + "".join(f"<td>{html.escape(cell(m, g))}</td>" for g in names)
                    + "</tr>" for m in metric_names)
+    paired_html = ""
+    if paired:
+        prow = "".join("<tr><td>" + html.escape(m) + "</td>" + "".join(
+            f"<td>{html.escape(diff(m, g))}</td>" for g in others) + "</tr>" for m in paired)
+        paired_html = (f"<h2>Paired differences against {html.escape(baseline)}</h2><p>Same seed, mean ± 95 % CI; "
+                       "* where the interval excludes 0.</p><table border=1 cellpadding=4><tr><th>metric</th>"
+                       + "".join(f"<th>{html.escape(g)}</th>" for g in others) + f"</tr>{prow}</table>")
     (out_dir / "report.html").write_text(
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><h1>{html.escape(title)}</h1>"
-        f"<p>Mean ± 95 % CI over seeds.</p><table border=1 cellpadding=4><tr><th>metric</th>"
-        + "".join(f"<th>{html.escape(g)}</th>" for g in names) + f"</tr>{rows}</table>"
+        f"<p>{html.escape(budget)}</p><p>Mean ± 95 % CI over seeds.</p><table border=1 cellpadding=4><tr><th>metric</th>"
+        + "".join(f"<th>{html.escape(g)}</th>" for g in names) + f"</tr>{rows}</table>{paired_html}"
         "<p><img src='comparison.png'></p>")
     with open(out_dir / "comparison.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -110,7 +191,8 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
             for g in names:
                 w.writerow([m, g, *table[m][g], sum(m in r.data.metrics for r in groups[g])])
     _plot(out_dir / "comparison.png", [m for m in HEADLINE if m in table] or metric_names[:4], names, table)
-    return [out_dir / n for n in ("report.md", "report.html", "comparison.csv", "comparison.png")]
+    return [out_dir / n for n in ("report.md", "report.html", "comparison.csv", "paired.csv", "comparison.png")
+            if (out_dir / n).is_file()]
 
 
 def _plot(path: Path, metrics: list[str], names: list[str], table) -> None:
@@ -141,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")
     ap.add_argument("--all-runs", action="store_true", help="compare every finished run of the experiment")
     ap.add_argument("--out", default=None, help="output folder (default outputs/reports/<sweep or experiment>)")
+    ap.add_argument("--baseline", default=None,
+                    help="sampler the paired differences are taken against (default: random, when the runs have it)")
     args = ap.parse_args(argv)
     try:
         from mlflow import MlflowClient
@@ -155,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
         client = MlflowClient(uri)
         parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
         out = Path(args.out or Path("outputs") / "reports" / (parent or args.experiment))
-        files = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment)
+        files = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
+                             baseline=args.baseline or "random", require_baseline=args.baseline is not None)
         print(f"report: {files[0]}")
     except CcexpError as e:
         print(f"ccexp.report: error: {e}", file=sys.stderr)

@@ -45,22 +45,38 @@ def check_config(cfg: DictConfig) -> None:
         _unknown_keys(cfg[group], schema, group)
     if not 0 <= cfg.seed < 2**32:
         raise CcexpError(f"seed={cfg.seed} is out of range; use an integer in [0, 2**32)")
-    for key, low in [("train.steps", 1), ("train.global_batch_size", 1), ("train.seq_len", 2),
-                     ("train.max_doc_tokens", 1), ("train.warmup_steps", 0), ("train.log_every_n_steps", 1),
+    for key, low in [("train.steps", 1), ("train.tokens_per_step", 1), ("train.micro_batch_size", 1),
+                     ("train.seq_len", 2), ("train.warmup_steps", 0), ("train.log_every_n_steps", 1),
                      ("eval.max_tokens", 1), ("eval.batch_size", 1), ("eval.min_cluster_docs", 1),
                      ("eval.max_cluster_metrics", 0), ("clusterer.niter", 1),
                      ("clusterer.max_points_per_centroid", 1), ("embedder.batch_size", 1),
-                     ("embedder.max_seq_length", 1), ("embedder.shard_size", 1), ("trainer.accumulate_grad_batches", 1), ("trainer.num_nodes", 1)]:
+                     ("embedder.max_seq_length", 1), ("embedder.shard_size", 1), ("trainer.num_nodes", 1),
+                     ("eval.curve_documents", 1)]:
         _at_least(cfg, key, low)
-    for key in ("data.max_documents", "train.checkpoint_every_n_steps", "trainer.threads", "clusterer.k"):
+    for key in ("data.max_documents", "train.checkpoint_every_n_steps", "trainer.threads", "clusterer.k",
+                "train.max_doc_tokens", "eval.every_n_steps"):
         _at_least(cfg, key, 1, optional=True)
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
     if not 0.0 < cfg.data.heldout_fraction < 1.0:
         raise CcexpError(f"data.heldout_fraction={cfg.data.heldout_fraction} must be in (0, 1)")
     _check_trainer(cfg)
+    _check_token_budget(cfg)
     _check_model(cfg)
     _check_paths(cfg)
+
+
+def _check_token_budget(cfg: DictConfig) -> None:
+    """The step's tokens split into rows and micro-batches on every rank; the derived accumulation was
+    not overridden by hand."""
+    t = cfg.train
+    world = schemas.world_size(cfg.trainer.devices, cfg.trainer.num_nodes, cfg.trainer.accelerator)
+    derived = schemas.grad_accumulation(t.tokens_per_step, t.seq_len, t.micro_batch_size, world)
+    node = OmegaConf.to_container(t, resolve=False)["grad_accumulation"]
+    if node != schemas.GRAD_ACCUMULATION and int(node) != derived:
+        raise CcexpError(f"train.grad_accumulation={node} but it is derived: tokens_per_step / (seq_len x "
+                         f"micro_batch_size x world size) = {derived}; set train.tokens_per_step or "
+                         "train.micro_batch_size instead")
 
 
 def _check_trainer(cfg: DictConfig) -> None:
@@ -117,14 +133,14 @@ def _check_paths(cfg: DictConfig) -> None:
 
 
 def check_sampler_options(cfg: DictConfig) -> None:
-    """Build the sampler on a stand-in clustering (K clusters of one document) to check its options."""
+    """Build the sampler on a stand-in clustering (K clusters of one document) to check its options and
+    that it can lay out a step's rows."""
     from ccexp.training import runner
 
     k = cluster_count(cfg)
-    probe = OmegaConf.merge(cfg, {"train": {"steps": 1}})
     labels = np.arange(k, dtype=np.int32)
-    runner.make_sampler(probe, labels, np.ones(k, dtype=np.int64), np.zeros(k, dtype=np.float32),
-                        total_steps=None)
+    sampler = runner.make_sampler(cfg, labels, np.ones(k, dtype=np.int64), np.zeros(k, dtype=np.float32))
+    sampler.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)
 
 
 def cluster_count(cfg: DictConfig) -> int:

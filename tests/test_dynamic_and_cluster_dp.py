@@ -22,7 +22,7 @@ def feed(s, steps, loss_of_cluster, start=0):
     """Run ``steps`` steps, reporting token loss ``loss_of_cluster[c]`` for every drawn document."""
     labels = s.labels
     for t in range(start, start + steps):
-        docs = s.next_global_batch(t)
+        docs = s.next_block()
         tokens = np.bincount(labels[docs], minlength=s.num_clusters) * 10
         s.observe(t, tokens * np.asarray(loss_of_cluster, dtype=float), tokens)
 
@@ -32,7 +32,7 @@ def feed(s, steps, loss_of_cluster, start=0):
        st.integers(1, 40))
 def test_odm_weights_stay_on_the_simplex_above_exploration(sizes, losses, steps):
     labels, sizes = make(sizes)
-    s = DynamicSampler(labels, sizes, global_batch_size=6, warmup_steps=0, update_every=1, beta=0.5)
+    s = DynamicSampler(labels, sizes, block_size=6, warmup_steps=0, update_every=1, beta=0.5)
     feed(s, steps, losses[: sizes.size])
     pi = s.weights()
     assert pi.sum() == pytest.approx(1.0) and (pi >= s.epsilon_t(s._updates) - 1e-12).all()
@@ -40,10 +40,10 @@ def test_odm_weights_stay_on_the_simplex_above_exploration(sizes, losses, steps)
 
 def test_equal_losses_keep_weights_uniform_and_higher_loss_gains():
     labels, sizes = make([40, 10, 5, 25])
-    s = DynamicSampler(labels, sizes, global_batch_size=8, warmup_steps=0, update_every=1)
+    s = DynamicSampler(labels, sizes, block_size=8, warmup_steps=0, update_every=1)
     feed(s, 30, [2.0, 2.0, 2.0, 2.0])
     np.testing.assert_allclose(s.weights(), 0.25)
-    t = DynamicSampler(labels, sizes, global_batch_size=8, warmup_steps=0, update_every=1)
+    t = DynamicSampler(labels, sizes, block_size=8, warmup_steps=0, update_every=1)
     feed(t, 200, [2.0, 2.0, 3.0, 2.0])
     w = t.weights()
     assert w[2] > 0.25 > w[0] and w[2] == w.max()
@@ -52,7 +52,7 @@ def test_equal_losses_keep_weights_uniform_and_higher_loss_gains():
 
 def test_no_update_during_warmup():
     labels, sizes = make([40, 10, 5, 25])
-    s = DynamicSampler(labels, sizes, global_batch_size=8, warmup_steps=20, update_every=5)
+    s = DynamicSampler(labels, sizes, block_size=8, warmup_steps=20, update_every=5)
     feed(s, 20, [1.0, 1.0, 9.0, 1.0])
     assert s.telemetry()["updates"] == 0 and np.allclose(s.weights(), 0.25)
     feed(s, 50, [1.0, 1.0, 9.0, 1.0], start=20)  # ODM keeps ε_t = 1/K until ln K / (K t) < 1/K², t >= 6 here
@@ -62,25 +62,25 @@ def test_no_update_during_warmup():
 def test_doremi_rule_follows_excess_loss_and_is_smoothed():
     labels, sizes = make([40, 10, 5, 25])
     ref = [2.0, 2.0, 2.0, 2.0]
-    s = DynamicSampler(labels, sizes, global_batch_size=8, warmup_steps=0, update_every=1, rule="doremi",
+    s = DynamicSampler(labels, sizes, block_size=8, warmup_steps=0, update_every=1, rule="doremi",
                        reference_losses=ref, eta=0.5, epsilon=0.1)
     feed(s, 5, [1.0, 2.5, 2.0, 4.0])  # excess: 0, 0.5, 0, 2
     w = s.weights()
     assert w.sum() == pytest.approx(1.0) and (w >= 0.1 / 4 - 1e-12).all()
     assert w[3] > w[1] > w[0] and w[0] == pytest.approx(w[2])  # zero excess never gains on positive excess
     with pytest.raises(CcexpError, match="needs sampler.reference_losses"):
-        DynamicSampler(labels, sizes, global_batch_size=8, rule="doremi")
+        DynamicSampler(labels, sizes, block_size=8, rule="doremi")
     with pytest.raises(CcexpError, match="4 finite values"):
-        DynamicSampler(labels, sizes, global_batch_size=8, rule="doremi", reference_losses=[1.0, 2.0])
+        DynamicSampler(labels, sizes, block_size=8, rule="doremi", reference_losses=[1.0, 2.0])
 
 
 def test_dynamic_with_clip_never_exceeds_threshold():
     labels, sizes = make([40, 3, 5, 25])
-    s = DynamicSampler(labels, sizes, global_batch_size=8, warmup_steps=2, update_every=1, clip_threshold=2,
-                       total_steps=18)
+    s = DynamicSampler(labels, sizes, block_size=8, warmup_steps=2, update_every=1, clip_threshold=2,
+                       document_tokens=np.ones(labels.size, np.int64), token_budget=18 * 8)
     reps = np.zeros(labels.size, int)
     for t in range(18):
-        docs = s.next_global_batch(t)
+        docs = s.next_block()
         np.add.at(reps, docs, 1)
         tokens = np.bincount(labels[docs], minlength=4)
         s.observe(t, tokens * np.array([1.0, 5.0, 5.0, 1.0]), tokens)
@@ -95,17 +95,19 @@ def test_cluster_dp_kept_sizes_equal_and_every_step_covers_every_cluster(sizes, 
     labels, sizes = make(sizes)
     sim = np.random.default_rng(1).random(labels.size)
     k = sizes.size
-    s = ClusterDPSampler(labels, sizes, global_batch_size=k * per, similarity=sim, ratio=ratio, keep=keep)
+    s = ClusterDPSampler(labels, sizes, block_size=per, similarity=sim, ratio=ratio, keep=keep)
     kept = s.kept_documents()
     m = max(1, int(np.floor(sizes.min() * ratio)))
     assert kept.shape == (k, m) and all((labels[row] == c).all() for c, row in enumerate(kept))
     if keep == "farthest":  # the kept documents are the least similar to their centroid
         for c, row in enumerate(kept):
             assert sim[row].max() <= np.sort(sim[labels == c])[m - 1] + 1e-12
+    assert s.num_lanes == k
     for t in range(6):
-        docs = s.next_global_batch(t)
-        assert np.array_equal(np.bincount(labels[docs], minlength=k), np.full(k, per))
-        assert np.isin(docs, kept).all()
+        for lane in range(k):  # lane j is cluster j's own stream of kept documents
+            docs = s.next_block(lane)
+            assert docs.size == per and (labels[docs] == lane).all() and np.isin(docs, kept[lane]).all()
+    assert np.array_equal(np.bincount(s.row_lanes(3 * k), minlength=k), np.full(k, 3))  # equal rows per cluster
     w = s.loss_weights()
     assert w.sum() / k == pytest.approx(1.0)
     np.testing.assert_allclose(w, k * sizes / sizes.sum())
@@ -113,22 +115,20 @@ def test_cluster_dp_kept_sizes_equal_and_every_step_covers_every_cluster(sizes, 
 
 def test_cluster_dp_routes_cluster_r_to_rank_r_when_k_equals_world_size():
     labels, sizes = make([30, 12, 20, 7])
-    s = ClusterDPSampler(labels, sizes, global_batch_size=8, keep="random")
-    for t in range(5):
-        docs = s.next_global_batch(t)
-        for r in range(4):
-            assert (labels[rank_slice(docs, r, 4)] == r).all()
-    inter = ClusterDPSampler(labels, sizes, global_batch_size=8, keep="random", layout="interleaved")
-    docs = inter.next_global_batch(0)
+    s = ClusterDPSampler(labels, sizes, block_size=8, keep="random")
+    rows = s.row_lanes(8)  # lane j = cluster j here (no empty cluster)
+    for r in range(4):
+        assert (rank_slice(rows, r, 4) == r).all()
+    inter = ClusterDPSampler(labels, sizes, block_size=8, keep="random", layout="interleaved")
     for r in range(2):
-        assert sorted(labels[rank_slice(docs, r, 2)]) == [0, 1, 2, 3]
+        assert sorted(rank_slice(inter.row_lanes(8), r, 2)) == [0, 1, 2, 3]
 
 
-def test_cluster_dp_bad_batch_or_options():
+def test_cluster_dp_bad_row_count_or_options():
     labels, sizes = make([30, 12, 20])
     with pytest.raises(CcexpError, match="multiple of the 3 non-empty clusters"):
-        ClusterDPSampler(labels, sizes, global_batch_size=8, keep="random")
+        ClusterDPSampler(labels, sizes, block_size=8, keep="random").row_lanes(8)
     with pytest.raises(CcexpError, match="needs each document's similarity"):
-        ClusterDPSampler(labels, sizes, global_batch_size=6)
+        ClusterDPSampler(labels, sizes, block_size=6)
     with pytest.raises(CcexpError):
-        ClusterDPSampler(labels, sizes, global_batch_size=6, keep="random", ratio=0)
+        ClusterDPSampler(labels, sizes, block_size=6, keep="random", ratio=0)

@@ -10,8 +10,8 @@ from mlflow import MlflowClient
 
 from conftest import run_ccexp
 
-TINY = ["data=jsonl", "data.label_fields=[domain]", "data.heldout_fraction=0.2", "clusterer.k=4", "train.steps=6", "train.global_batch_size=8",
-        "train.seq_len=64", "train.max_doc_tokens=64", "train.warmup_steps=2", "train.log_every_n_steps=2",
+TINY = ["data=jsonl", "data.label_fields=[domain]", "data.heldout_fraction=0.2", "clusterer.k=4", "train.steps=6", "train.tokens_per_step=512",
+        "train.micro_batch_size=4", "train.seq_len=64", "eval.every_n_steps=3", "train.warmup_steps=2", "train.log_every_n_steps=2",
         "eval.max_tokens=48", "model.n_embd=32", "model.n_head=2", "model.n_layer=1", "model.tokenizer.vocab_size=512",
         "trainer.enable_progress_bar=false"]
 
@@ -68,6 +68,21 @@ def test_each_run_has_lm_eval_metrics_and_a_balance_report(sweep):
                 "balance/balance.md"} <= arts
 
 
+def test_every_sampler_trains_on_exactly_the_token_budget_with_a_held_out_curve(sweep):
+    out, _ = sweep
+    client, rs = runs(out)
+    for r in rs:
+        m = r.data.metrics
+        assert m["train/tokens"] == 6 * 512  # steps x tokens_per_step, whatever the documents' lengths
+        assert m["data/truncated_tokens"] == 0 and m["data/documents_started"] > 0
+        curve = client.get_metric_history(r.info.run_id, "curve/ppl")
+        assert [p.step for p in curve] == [0, 3 * 512, 6 * 512]  # logged against tokens trained
+        assert curve[-1].value < curve[0].value
+        assert len(client.get_metric_history(r.info.run_id, "curve/ppl_domain/lexicon.wordnet")) == 3
+        tokens = [m[f"sampler/tokens/{c:04d}"] for c in range(4)]
+        assert sum(tokens) == 6 * 512
+
+
 def test_runs_hold_config_params_loss_and_per_cluster_and_domain_perplexity(sweep):
     out, _ = sweep
     client, rs = runs(out)
@@ -120,7 +135,21 @@ def test_comparison_report_gives_mean_and_95_ci_over_seeds(sweep, tmp_path):
     assert float(row["mean"]) == pytest.approx(sum(values) / 2) and row["n"] == "2"
     half = stats.t.ppf(0.975, 1) * abs(values[0] - values[1]) / 2 ** 0.5 / 2 ** 0.5
     assert float(row["ci95_half_width"]) == pytest.approx(half)
-    assert "± " in (tmp_path / "rep" / "report.md").read_text()
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "± " in report and f"Every run trained on exactly {6 * 512:,} tokens" in report
+    # paired differences against random, seed by seed
+    paired = {(r["metric"], r["sampler"]): r for r in csv.DictReader(open(tmp_path / "rep" / "paired.csv"))}
+    by = {(r.data.tags["sampler"], r.data.params["seed"]): r.data.metrics["eval/ppl_macro"] for r in rs}
+    diffs = [by[("uniform", s)] - by[("random", s)] for s in ("0", "1")]
+    row = paired[("eval/ppl_macro", "uniform")]
+    assert row["baseline"] == "random" and row["n_pairs"] == "2"
+    assert float(row["mean_difference"]) == pytest.approx(sum(diffs) / 2)
+    assert float(row["ci95_half_width"]) == pytest.approx(stats.t.ppf(0.975, 1) * abs(diffs[0] - diffs[1]) / 2)
+    assert row["significant"] == str(int(abs(sum(diffs) / 2) > float(row["ci95_half_width"])))
+    assert "## Paired differences against random" in report
+    proc = subprocess.run([sys.executable, "-m", "ccexp.report", "--store", str(out / "mlflow.db"), "--baseline",
+                           "nope", "--out", str(tmp_path / "rep2")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--baseline 'nope' has no finished run" in proc.stderr
 
 
 def test_mlflow_server_serves_the_sweep_over_rest(sweep, tmp_path):

@@ -162,7 +162,7 @@ def test_cli_hierarchical_run_balances_at_a_level_on_a_curated_subset(tmp_path, 
     proc = run_ccexp("data=jsonl", f"data.path={small_corpus}", "data.label_fields=[domain]", "clusterer=hierarchical",
                      "clusterer.levels=[8,4,2]", "clusterer.resampling_steps=1", "clusterer.sample_size=3",
                      "clusterer.selection_target=120", "sampler=uniform", "sampler.level=1", "train.steps=4",
-                     "train.global_batch_size=8", "train.seq_len=64", "train.max_doc_tokens=64", "eval.max_tokens=32",
+                     "train.tokens_per_step=256", "train.micro_batch_size=4", "train.seq_len=64", "eval.max_tokens=32",
                      "model.n_embd=32", "model.n_head=2", "model.n_layer=1", "model.tokenizer.vocab_size=400",
                      "trainer.enable_progress_bar=false", f"paths.outputs={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,12 +1,15 @@
 """The sampler protocol shared by every policy (DESIGN.md, "Sampler protocol").
 
-A policy owns the data order. For optimizer step ``t`` it returns the *global* batch of
-``B = global_batch_size`` document indices; rank ``r`` of ``W`` data-parallel ranks trains on the
-contiguous slice ``[r·B/W, (r+1)·B/W)`` (:func:`rank_slice`). The global stream therefore does not
-depend on the world size, and the per-cluster exposure is known exactly.
+A policy owns the data order: it is a deterministic, resumable *stream of documents*, drawn in
+blocks of ``block_size`` document indices (:meth:`Sampler.next_block`). Tokens, not documents, are
+the unit of an optimizer step: :class:`ccexp.data.packing.TokenStream` draws as many blocks as it
+needs to fill a step's ``tokens_per_step`` and deals the step's rows to the data-parallel ranks, so
+the global stream does not depend on the world size and the per-cluster exposure is known exactly.
 
-Indices refer to the sampler's own document set (ccexp passes the training split), and
-``labels[i]`` is document ``i``'s cluster.
+A policy may keep several independent streams, *lanes* (CluSTER keeps one per cluster); each row of
+a step is filled from the lane :meth:`Sampler.row_lanes` assigns to it. Indices refer to the
+sampler's own document set (ccexp passes the training split), and ``labels[i]`` is document ``i``'s
+cluster.
 """
 from __future__ import annotations
 
@@ -18,15 +21,19 @@ import numpy as np
 from ccexp.errors import CcexpError
 
 
-def rank_slice(batch: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    """Rank ``rank``'s contiguous share of a global batch (``len(batch)`` divisible by ``world_size``)."""
+def rank_slice(items: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank ``rank``'s contiguous share ``[r·n/W, (r+1)·n/W)`` of a step's ``n`` items (rows).
+
+    Raises:
+        ValueError: if ``rank`` is not in ``[0, world_size)`` or ``n`` is not divisible by ``world_size``
+            (the config check rejects such settings before any work).
+    """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-    if len(batch) % world_size:
-        raise CcexpError(f"train.global_batch_size={len(batch)} is not divisible by the world size "
-                         f"{world_size}; choose a multiple of {world_size}")
-    per = len(batch) // world_size
-    return batch[rank * per:(rank + 1) * per]
+    if len(items) % world_size:
+        raise ValueError(f"{len(items)} rows cannot be dealt evenly to {world_size} ranks")
+    per = len(items) // world_size
+    return items[rank * per:(rank + 1) * per]
 
 
 class Sampler(ABC):
@@ -35,19 +42,25 @@ class Sampler(ABC):
     Args:
         labels: int32[N] cluster id of each document, in ``[0, K)``.
         sizes: int64[K] cluster sizes; must equal ``bincount(labels, minlength=K)``.
-        global_batch_size: B, documents per optimizer step (all ranks together), ``>= 1``.
-        seed: the stream is a deterministic function of ``(seed, step, state)``.
-        total_steps: the run's length in steps, when known (policies with a finite budget check it).
+        block_size: documents per :meth:`next_block` call, ``>= 1``; ccexp sizes it to about one
+            optimizer step's documents. The stream of ``random``, ``uniform`` and ``clusterclip``
+            (``after_clip=uniform``) does not depend on it; policies that draw i.i.d. per block do.
+        seed: the stream is a deterministic function of ``(seed, state)``.
+        document_tokens: int64[N] tokens each document occupies in the token stream (its tokens
+            after any cap, plus the separator), when known; policies with a finite supply check
+            ``token_budget`` against it.
+        token_budget: tokens the run will take from the stream, when known.
 
     Raises:
         CcexpError: on empty input, labels outside ``[0, K)``, sizes that do not match the labels,
-            or a non-positive batch size.
+            or a non-positive block size.
     """
 
     name = "base"
+    num_lanes = 1
 
-    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
-                 total_steps: int | None = None):
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
+                 document_tokens: np.ndarray | None = None, token_budget: int | None = None):
         labels = np.ascontiguousarray(labels, dtype=np.int32)
         sizes = np.ascontiguousarray(sizes, dtype=np.int64)
         if labels.ndim != 1 or labels.size == 0:
@@ -59,38 +72,55 @@ class Sampler(ABC):
                              f"[{labels.min()}, {labels.max()}]")
         if not np.array_equal(np.bincount(labels, minlength=sizes.size), sizes):
             raise CcexpError("sampler: sizes do not match bincount(labels); pass the clustering's sizes")
-        if int(global_batch_size) < 1:
-            raise CcexpError(f"train.global_batch_size must be >= 1, got {global_batch_size}")
+        if int(block_size) < 1:
+            raise CcexpError(f"sampler block_size must be >= 1, got {block_size}")
+        if document_tokens is not None:
+            document_tokens = np.asarray(document_tokens, dtype=np.int64)
+            if document_tokens.shape != labels.shape or (document_tokens < 1).any():
+                raise CcexpError("sampler: document_tokens must hold one count >= 1 per document")
         self.labels = labels
         self.sizes = sizes
         self.num_clusters = int(sizes.size)
         self.num_documents = int(labels.size)
-        self.global_batch_size = int(global_batch_size)
+        self.block_size = int(block_size)
         self.seed = int(seed)
-        self.total_steps = None if total_steps is None else int(total_steps)
-        self._step = 0
+        self.document_tokens = document_tokens
+        self.token_budget = None if token_budget is None else int(token_budget)
+        self._blocks = 0
         self._exposure = np.zeros(self.num_clusters, dtype=np.int64)
 
     # -- the protocol -------------------------------------------------------------------------
-    def next_global_batch(self, step: int) -> np.ndarray:
-        """Document indices (int64[B]) for optimizer step ``step``; steps must come in order.
+    def next_block(self, lane: int = 0) -> np.ndarray:
+        """The next ``block_size`` document indices (int64) of lane ``lane``'s stream.
+
+        Fewer are returned only by a clipping policy whose pool runs out mid-block (with
+        ``on_exhausted=error``); the following call then raises.
 
         Raises:
-            ValueError: if ``step`` is not the next step (resume with :meth:`load_state_dict`).
+            ValueError: if ``lane`` is not in ``[0, num_lanes)``.
+            CcexpError: if a clipping policy has nothing left to draw.
         """
-        if step != self._step:
-            raise ValueError(f"{self.name} sampler is at step {self._step}, asked for step {step}; "
-                             "restore its state_dict to resume elsewhere")
-        docs = self._draw(step)
-        self._step += 1
+        if not 0 <= lane < self.num_lanes:
+            raise ValueError(f"{self.name} sampler has {self.num_lanes} lane(s), asked for lane {lane}")
+        docs = self._draw(lane)
+        self._blocks += 1
         return docs
 
     @abstractmethod
-    def _draw(self, step: int) -> np.ndarray:
-        """Return int64[B] document indices for ``step`` and update the exposure counters."""
+    def _draw(self, lane: int) -> np.ndarray:
+        """Return the next block of lane ``lane`` (int64 indices) and update the exposure counters."""
+
+    def row_lanes(self, rows: int) -> np.ndarray:
+        """int64[rows]: the lane that fills each of a step's ``rows`` rows (all 0 for one lane).
+
+        Raises:
+            CcexpError: if the policy cannot lay out ``rows`` rows (see :class:`ClusterDPSampler`).
+        """
+        return np.zeros(int(rows), dtype=np.int64)
 
     def observe(self, step: int, cluster_loss: np.ndarray, cluster_tokens: np.ndarray) -> None:
-        """Per-cluster training signal (float[K] summed token loss, int64[K] tokens); unused here."""
+        """Per-cluster training signal of one optimizer step, summed over its micro-batches and all
+        ranks: float[K] summed token loss (nats) and int64[K] tokens. Unused here."""
 
     def weights(self) -> np.ndarray | None:
         """float64[K] current cluster sampling probabilities, for policies that keep them (else None)."""
@@ -115,7 +145,7 @@ class Sampler(ABC):
         return pass_histogram(self._exposure, self.sizes)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": self.name, "seed": self.seed, "step": self._step,
+        return {"policy": self.name, "seed": self.seed, "blocks": self._blocks, "block_size": self.block_size,
                 "exposure": self._exposure.copy(), "num_documents": self.num_documents}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -123,8 +153,11 @@ class Sampler(ABC):
             raise CcexpError(f"sampler state is for policy {state.get('policy')!r}, not {self.name!r}")
         if int(state["num_documents"]) != self.num_documents or len(state["exposure"]) != self.num_clusters:
             raise CcexpError("sampler state was saved for a different corpus or clustering")
+        if int(state.get("block_size", self.block_size)) != self.block_size:
+            raise CcexpError(f"sampler state was saved with blocks of {int(state['block_size'])} documents, this run "
+                             f"draws {self.block_size}: resume with the same corpus, tokenizer and train.tokens_per_step")
         self.seed = int(state["seed"])
-        self._step = int(state["step"])
+        self._blocks = int(state["blocks"])
         self._exposure = np.asarray(state["exposure"], dtype=np.int64).copy()
 
     # -- telemetry (SAMPLING.md, "Reporting, for every policy") --------------------------------

@@ -3,16 +3,18 @@
 
 1. **Reduction**: every cluster keeps ``m = floor(min_c n_c · ratio)`` documents — the ``keep``
    farthest from the centroid (default, as the reference code), the closest, or a random subset.
-2. **Allocation**: each global batch holds ``B / K`` documents of every cluster. With the
-   ``blocked`` layout cluster c fills the c-th block of the batch, so when ``K`` equals the world
-   size, rank r trains on cluster r (CluSTER's routing); ``interleaved`` puts position p on cluster
-   ``p mod K``, spreading every cluster evenly over the ranks.
+2. **Allocation**: every cluster is its own *lane* — an independent document stream packed into
+   its own rows — and each optimizer step gives every cluster ``R / K`` of its ``R`` rows, i.e.
+   exactly the same number of tokens. With the ``blocked`` layout cluster c fills the c-th block of
+   rows, so when ``K`` equals the world size, rank r trains on cluster r (CluSTER's routing);
+   ``interleaved`` gives row p to cluster ``p mod K``, spreading every cluster evenly over the ranks.
 3. **Weighted update**: the loss of a document of cluster c is multiplied by
    ``w_c = K · n_c / N`` (original sizes), so the expected gradient matches the full-data mix;
    ``Σ_c w_c / K = 1``. :meth:`loss_weights` gives ``w``; the runner applies it per token.
 
 Within a cluster, draws are passes over a pseudo-random permutation of its kept documents.
-Invariants (tested): kept sizes are equal; every step covers every cluster equally; mean weight 1.
+Invariants (tested): kept sizes are equal; every step gives every cluster the same number of
+tokens; mean weight 1.
 The gradient-proxy embedding and the size-capped clustering (K = world size) are upstream stages.
 """
 from __future__ import annotations
@@ -33,7 +35,8 @@ class ClusterDPSampler(Sampler):
     """CluSTER allocation; see the module docstring.
 
     Args:
-        labels, sizes, global_batch_size, seed, total_steps: see :class:`ccexp.sampling.base.Sampler`.
+        labels, sizes, block_size, seed, document_tokens, token_budget: see
+            :class:`ccexp.sampling.base.Sampler` (``block_size`` is per lane, i.e. per cluster).
         similarity: float[N] cosine similarity of each document to its centroid (needed for
             ``keep=farthest|closest``).
         ratio: fraction of the smallest cluster kept per cluster, in (0, 1].
@@ -41,15 +44,18 @@ class ClusterDPSampler(Sampler):
         layout: ``blocked`` or ``interleaved``.
 
     Raises:
-        CcexpError: if B is not a multiple of the number of non-empty clusters, or an option is invalid.
+        CcexpError: if an option is invalid, or (from :meth:`row_lanes`) a step's rows are not a
+            multiple of the number of non-empty clusters.
     """
 
     name = "cluster_dp"
 
-    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
-                 total_steps: int | None = None, similarity: np.ndarray | None = None, ratio: float = 1.0,
-                 keep: str = "farthest", layout: str = "blocked"):
-        super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps)
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
+                 document_tokens: np.ndarray | None = None, token_budget: int | None = None,
+                 similarity: np.ndarray | None = None, ratio: float = 1.0, keep: str = "farthest",
+                 layout: str = "blocked"):
+        super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
+                         token_budget=token_budget)
         if keep not in ("farthest", "closest", "random"):
             raise CcexpError(f"sampler.keep={keep!r} is not an option; use farthest, closest or random")
         if layout not in ("blocked", "interleaved"):
@@ -57,11 +63,7 @@ class ClusterDPSampler(Sampler):
         if not 0.0 < ratio <= 1.0:
             raise CcexpError(f"sampler.ratio must be in (0, 1], got {ratio}")
         self._clusters = np.flatnonzero(self.sizes > 0)
-        k = self._clusters.size
-        if self.global_batch_size % k:
-            raise CcexpError(f"cluster_dp needs train.global_batch_size ({self.global_batch_size}) to be a multiple of "
-                             f"the {k} non-empty clusters; set it to {k * max(1, self.global_batch_size // k)}")
-        self.per_cluster = self.global_batch_size // k
+        self.num_lanes = int(self._clusters.size)  # lane j = cluster self._clusters[j]
         self.kept_size = max(1, int(np.floor(self.sizes[self._clusters].min() * ratio)))
         self.keep, self.layout = keep, layout
         self._kept = self._reduce(similarity)  # int64[k, m]
@@ -89,16 +91,29 @@ class ClusterDPSampler(Sampler):
         w[self._clusters] = self._clusters.size * self.sizes[self._clusters] / self.num_documents
         return w
 
-    def _draw(self, step: int) -> np.ndarray:
-        k, b = self._clusters.size, self.per_cluster
-        row = np.repeat(np.arange(k), b)  # blocked: cluster j fills block j
-        if self.layout == "interleaved":
-            row = np.tile(np.arange(k), b)
-        ordinal = self._exposure[self._clusters][row] + (np.arange(row.size) // k if self.layout == "interleaved"
-                                                         else np.arange(row.size) % b)
+    def row_lanes(self, rows: int) -> np.ndarray:
+        """Lane (= non-empty cluster) of each of a step's ``rows`` rows: ``blocked`` gives cluster j the
+        j-th block of ``rows / K`` rows, ``interleaved`` gives row p to cluster ``p mod K``.
+
+        Raises:
+            CcexpError: if ``rows`` is not a multiple of the K non-empty clusters.
+        """
+        k = self.num_lanes
+        if rows % k:
+            raise CcexpError(f"cluster_dp gives every cluster the same rows of each step, so the step's "
+                             f"{rows} rows (train.tokens_per_step / train.seq_len) must be a multiple of the "
+                             f"{k} non-empty clusters; set train.tokens_per_step to a multiple of {k} x train.seq_len")
+        lanes = np.arange(k, dtype=np.int64)
+        return np.repeat(lanes, rows // k) if self.layout == "blocked" else np.tile(lanes, rows // k)
+
+    def _draw(self, lane: int) -> np.ndarray:
+        """The next ``block_size`` kept documents of cluster ``clusters[lane]``: passes over a permutation."""
+        c = self._clusters[lane]
+        ordinal = self._exposure[c] + np.arange(self.block_size, dtype=np.int64)
         pass_idx, i = np.divmod(ordinal, self.kept_size)
-        docs = self._kept[row, affine_permute(i, self.kept_size, pass_hash(self._pass_key, row, pass_idx))]
-        self._exposure[self._clusters] += b
+        docs = self._kept[lane, affine_permute(i, self.kept_size, pass_hash(self._pass_key, np.full_like(i, lane),
+                                                                            pass_idx))]
+        self._exposure[c] += self.block_size
         return docs.astype(np.int64)
 
     def repetition_histogram(self) -> dict[int, int]:

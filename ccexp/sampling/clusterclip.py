@@ -16,13 +16,14 @@ Algorithm (SAMPLING.md, "clusterclip"):
      proportional to the documents each has left.
 
 4. If every cluster is exhausted before the budget is spent: ``on_exhausted=error`` stops with a
-   message giving the largest possible budget (``M · N`` draws), checked up front when the number
-   of steps is known; ``reset`` sets the repetition counts back to zero and starts again.
+   message giving the largest possible budget — ``M · N`` documents, ``M · T`` tokens for the
+   ``T`` tokens of the corpus — checked up front when the run's token budget is known; ``reset``
+   sets the repetition counts back to zero and starts again.
 
 Invariants (tested in ``tests/test_sampling_properties.py``): no document is drawn more than ``M``
 times between resets; while every cluster is active frequencies are ``1/K`` (per round); a clipped
 cluster never reappears; with ``M >= D`` the stream equals ``uniform``'s for the same seed; and the
-Fig. 1 toy (A=5, B=1, C=3 documents, 3 per batch, M=2) shows B exactly twice, in batches 1 and 2.
+Fig. 1 toy (A=5, B=1, C=3 documents, M=2) shows B exactly twice, in blocks 1 and 2 (blocks of 3 documents).
 """
 from __future__ import annotations
 
@@ -40,12 +41,13 @@ class ClusterClipSampler(UniformSampler):
     """Uniform cluster sampling with a per-document repetition clip.
 
     Args:
-        labels, sizes, global_batch_size, seed: see :class:`ccexp.sampling.base.Sampler`.
+        labels, sizes, block_size, seed: see :class:`ccexp.sampling.base.Sampler`.
         clip_threshold: M >= 1, the most times a document may be drawn (between resets).
         after_clip: ``"uniform"`` or ``"proportional"`` (see the module docstring).
         on_exhausted: ``"error"`` or ``"reset"``.
-        total_steps: the run's length in steps, if known; with ``on_exhausted="error"`` a budget
-            larger than ``M · N`` draws is rejected here, before any training.
+        document_tokens, token_budget: see :class:`~ccexp.sampling.base.Sampler`; when both are
+            given and ``on_exhausted="error"``, a budget above ``M · sum(document_tokens)`` tokens is
+            rejected here, before any training.
 
     Raises:
         CcexpError: for an invalid option or a budget the clip cannot supply.
@@ -54,10 +56,11 @@ class ClusterClipSampler(UniformSampler):
     name = "clusterclip"
     clip_optional = False
 
-    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  clip_threshold: int | None = 5, after_clip: str = "uniform", on_exhausted: str = "error",
-                 total_steps: int | None = None):
-        super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps)
+                 document_tokens: np.ndarray | None = None, token_budget: int | None = None):
+        super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
+                         token_budget=token_budget)
         if clip_threshold is None and self.clip_optional:
             clip_threshold = 0  # 0 = no clip (only policies that build on this one allow it)
         elif clip_threshold is None or int(clip_threshold) < 1:
@@ -70,21 +73,27 @@ class ClusterClipSampler(UniformSampler):
         self.after_clip = after_clip
         self.on_exhausted = on_exhausted
         self._resets = 0
-        if self.clip_threshold and self.total_steps is not None and on_exhausted == "error":
-            budget = self.total_steps * self.global_batch_size
-            if budget > self.max_draws:
-                raise CcexpError(self._exhausted_message(budget))
+        if (self.clip_threshold and on_exhausted == "error" and self.token_budget is not None
+                and self.document_tokens is not None and self.token_budget > self.max_tokens):
+            raise CcexpError(self._exhausted_message(self.token_budget))
 
     @property
     def max_draws(self) -> int:
         """The most documents the clip allows between resets: ``M · N``."""
         return self.clip_threshold * self.num_documents
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The most tokens the clip allows between resets, ``M · sum(document_tokens)`` (None if unknown)."""
+        return None if self.document_tokens is None else self.clip_threshold * int(self.document_tokens.sum())
+
     def _exhausted_message(self, budget: int | None = None) -> str:
-        need = f"the run needs {budget:,} draws; " if budget else "every cluster is exhausted; "
-        return (f"sampler.clip_threshold={self.clip_threshold} allows at most {self.max_draws:,} document draws "
-                f"({self.max_draws // self.global_batch_size:,} steps of {self.global_batch_size}) on "
-                f"{self.num_documents:,} documents; {need}raise sampler.clip_threshold, lower train.steps, "
+        supply = f"{self.max_draws:,} document draws"
+        if self.max_tokens is not None:
+            supply += f" = {self.max_tokens:,} tokens"
+        need = f"the run needs {budget:,} tokens; " if budget else "every cluster is exhausted; "
+        return (f"sampler.clip_threshold={self.clip_threshold} allows at most {supply} from {self.num_documents:,} "
+                f"documents; {need}raise sampler.clip_threshold, lower train.steps or train.tokens_per_step, "
                 f"or set sampler.on_exhausted=reset")
 
     def _limit(self) -> np.ndarray:
@@ -98,6 +107,9 @@ class ClusterClipSampler(UniformSampler):
             raise CcexpError(self._exhausted_message())
         self._resets += 1
 
+    def _stops_when_exhausted(self) -> bool:
+        return bool(self.clip_threshold) and self.on_exhausted == "error"
+
     def active_clusters(self) -> int:
         quota = self._quota(self._exposure)
         return super().active_clusters() if quota is None else int(np.count_nonzero(quota > 0))
@@ -108,14 +120,13 @@ class ClusterClipSampler(UniformSampler):
         clipped = np.clip(drawn - (self.clip_threshold - 1) * self.sizes, 0, self.sizes)
         return self.sizes - clipped
 
-    def _draw(self, step: int) -> np.ndarray:
+    def _draw(self, lane: int) -> np.ndarray:
         clipped_any = self.clip_threshold and bool(np.any((self._quota(self._exposure) == 0) & (self.sizes > 0)))
         if self.after_clip == "uniform" or not clipped_any:
-            return super()._draw(step)
-        rng = np.random.default_rng([self.seed, _PROPORTIONAL_STREAM, step])
-        # clusters clipped during this batch drop out through their quota inside _iid_clusters
-        return self._documents(*self._iid_clusters(rng, self.documents_left().astype(np.float64),
-                                                   self.global_batch_size))
+            return super()._draw(lane)
+        rng = np.random.default_rng([self.seed, _PROPORTIONAL_STREAM, self._blocks])
+        # clusters clipped during this block drop out through their quota inside _iid_clusters
+        return self._documents(*self._iid_clusters(rng, self.documents_left().astype(np.float64), self.block_size))
 
     def max_repetition(self) -> int:
         if not self.clip_threshold:

@@ -1,10 +1,12 @@
 """``dynamic``: online cluster reweighting from the training loss (SAMPLING.md, "dynamic").
 
-Cluster weights ``π`` (on the simplex) are updated every ``update_every`` steps after
+Cluster weights ``π`` (on the simplex) are updated every ``update_every`` optimizer steps after
 ``warmup_steps`` from the per-cluster mean token loss ``L_c`` that the runner reports through
-:meth:`observe` (summed over the window and all-reduced over data-parallel ranks). Clusters are
-drawn i.i.d. from ``π``; documents within a cluster are passes over a permutation, as in
-``uniform``; the optional repetition clip is ClusterClip's (``clip_threshold``, ``on_exhausted``).
+:meth:`observe` (summed over the window, the step's micro-batches and all data-parallel ranks).
+Until the first ``warmup_steps`` optimizer steps have been observed, clusters are drawn in
+``uniform``'s rounds; after that, i.i.d. from ``π`` (one generator per block, keyed by the seed and
+the block index). Documents within a cluster are passes over a permutation, as in ``uniform``; the
+optional repetition clip is ClusterClip's (``clip_threshold``, ``on_exhausted``).
 
 Rules (``K`` = non-empty clusters, ``t`` = index of the update, 1-based):
 
@@ -19,7 +21,7 @@ Rules (``K`` = non-empty clusters, ``t`` = index of the update, 1-based):
 
 Invariants (tested): ``π`` stays on the simplex with ``π_c ≥ ε_t``; equal losses keep ``π``
 uniform; a cluster with persistently higher loss gains probability; no update during warm-up.
-State: O(K) (``R``, ``log w``, ``π``, the open window's sums, counters).
+State: O(K) (``R``, ``log w``, ``π``, the open window's sums, counters of updates and observed steps).
 """
 from __future__ import annotations
 
@@ -61,10 +63,11 @@ class DynamicSampler(ClusterClipSampler):
     """Online cluster reweighting; see the module docstring.
 
     Args:
-        labels, sizes, global_batch_size, seed, total_steps: see :class:`ccexp.sampling.base.Sampler`.
+        labels, sizes, block_size, seed, document_tokens, token_budget: see
+            :class:`ccexp.sampling.base.Sampler`.
         rule: ``odm`` or ``doremi`` (the latter needs ``reference_losses``).
         update_every: steps per weight update (the ODM paper uses 1).
-        warmup_steps: steps sampled uniformly over clusters, without updates.
+        warmup_steps: optimizer steps sampled uniformly over clusters, without updates.
         beta: ODM smoothing of the reward, in [0, 1).
         eta: DoReMi step size, > 0.
         epsilon: DoReMi smoothing towards uniform, in [0, 1].
@@ -78,13 +81,13 @@ class DynamicSampler(ClusterClipSampler):
     name = "dynamic"
     clip_optional = True
 
-    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
-                 total_steps: int | None = None, rule: str = "odm", update_every: int = 10, warmup_steps: int = 50,
-                 beta: float = 0.9, eta: float = 1.0, epsilon: float = 1e-3,
-                 reference_losses: str | Sequence[float] | None = None, clip_threshold: int | None = None,
-                 on_exhausted: str = "error"):
-        super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps,
-                         clip_threshold=clip_threshold, on_exhausted=on_exhausted)
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
+                 document_tokens: np.ndarray | None = None, token_budget: int | None = None, rule: str = "odm",
+                 update_every: int = 10, warmup_steps: int = 50, beta: float = 0.9, eta: float = 1.0,
+                 epsilon: float = 1e-3, reference_losses: str | Sequence[float] | None = None,
+                 clip_threshold: int | None = None, on_exhausted: str = "error"):
+        super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
+                         token_budget=token_budget, clip_threshold=clip_threshold, on_exhausted=on_exhausted)
         if rule not in ("odm", "doremi"):
             raise CcexpError(f"sampler.rule={rule!r} is not an option; use 'odm' or 'doremi'")
         if int(update_every) < 1 or int(warmup_steps) < 0:
@@ -104,13 +107,15 @@ class DynamicSampler(ClusterClipSampler):
         self._reward = np.full(self.num_clusters, np.nan)
         self._log_w = np.zeros(self.num_clusters)
         self._updates = 0
+        self._steps_observed = 0
         self._window_loss = np.zeros(self.num_clusters)
         self._window_tokens = np.zeros(self.num_clusters, dtype=np.int64)
 
     # -- the feedback loop --------------------------------------------------------------------
     def observe(self, step: int, cluster_loss: np.ndarray, cluster_tokens: np.ndarray) -> None:
-        """Add one step's per-cluster summed token loss (float[K], nats) and token counts (int[K]);
-        update ``π`` at the end of every ``update_every``-step window after warm-up."""
+        """Add optimizer step ``step``'s per-cluster summed token loss (float[K], nats) and token counts
+        (int[K]); update ``π`` at the end of every ``update_every``-step window after warm-up."""
+        self._steps_observed = step + 1
         self._window_loss += np.asarray(cluster_loss, dtype=np.float64)
         self._window_tokens += np.asarray(cluster_tokens, dtype=np.int64)
         if (step + 1) % self.update_every:
@@ -153,11 +158,11 @@ class DynamicSampler(ClusterClipSampler):
     def weights(self) -> np.ndarray:
         return self._pi.copy()
 
-    def _draw(self, step: int) -> np.ndarray:
-        if step < self.warmup_steps:  # warm-up: ClusterClip/uniform rounds over the clusters
-            return super()._draw(step)
-        rng = np.random.default_rng([self.seed, _DYNAMIC_STREAM, step])
-        return self._documents(*self._iid_clusters(rng, self._pi, self.global_batch_size))
+    def _draw(self, lane: int) -> np.ndarray:
+        if self._steps_observed < self.warmup_steps:  # warm-up: ClusterClip/uniform rounds over the clusters
+            return super()._draw(lane)
+        rng = np.random.default_rng([self.seed, _DYNAMIC_STREAM, self._blocks])
+        return self._documents(*self._iid_clusters(rng, self._pi, self.block_size))
 
     def telemetry(self, since: np.ndarray | None = None) -> dict[str, float]:
         out = super().telemetry(since)
@@ -168,7 +173,8 @@ class DynamicSampler(ClusterClipSampler):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "pi": self._pi.copy(), "reward": self._reward.copy(),
-                "log_w": self._log_w.copy(), "updates": self._updates, "window_loss": self._window_loss.copy(),
+                "log_w": self._log_w.copy(), "updates": self._updates, "steps_observed": self._steps_observed,
+                "window_loss": self._window_loss.copy(),
                 "window_tokens": self._window_tokens.copy(), "rule": self.rule}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -177,5 +183,6 @@ class DynamicSampler(ClusterClipSampler):
         self._reward = np.asarray(state["reward"], dtype=np.float64).copy()
         self._log_w = np.asarray(state["log_w"], dtype=np.float64).copy()
         self._updates = int(state["updates"])
+        self._steps_observed = int(state["steps_observed"])
         self._window_loss = np.asarray(state["window_loss"], dtype=np.float64).copy()
         self._window_tokens = np.asarray(state["window_tokens"], dtype=np.int64).copy()

@@ -11,7 +11,7 @@ Two levels, both *passes over pseudo-random permutations* so that no state is O(
   re-ordered per pass by a map keyed by ``(seed, c, pass)``). Repetition counts inside a cluster therefore never differ by more than one.
 
 Then ``P(x) = 1 / (K · n_c(x))`` and the expected repetitions of ``x`` after ``D`` draws are
-``D / (K · n_c(x))``. State: step, exposure[K], round index, position in the round and the round's
+``D / (K · n_c(x))``. State: blocks drawn, exposure[K], round index, position in the round and the round's
 active mask[K] — O(K).
 """
 from __future__ import annotations
@@ -33,9 +33,10 @@ class UniformSampler(Sampler):
 
     name = "uniform"
 
-    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, global_batch_size: int, seed: int = 0,
-                 total_steps: int | None = None):
-        super().__init__(labels, sizes, global_batch_size=global_batch_size, seed=seed, total_steps=total_steps)
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
+                 document_tokens: np.ndarray | None = None, token_budget: int | None = None):
+        super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
+                         token_budget=token_budget)
         if self.sizes.max() >= MAX_DOMAIN:
             raise CcexpError(f"{self.name} sampler supports clusters of fewer than {MAX_DOMAIN:,} documents")
         # members of cluster c are members[starts[c]:starts[c+1]], shuffled once (a static index, not state)
@@ -57,6 +58,10 @@ class UniformSampler(Sampler):
     def _on_no_active_cluster(self) -> None:
         raise AssertionError("unreachable without a clip")
 
+    def _stops_when_exhausted(self) -> bool:
+        """True when an exhausted pool ends the stream (then a block may come back short)."""
+        return False
+
     # -- drawing ------------------------------------------------------------------------------
     def _rounds(self, first: int, count: int) -> np.ndarray:
         """Cluster order of rounds ``first .. first+count-1`` over the current active set, concatenated."""
@@ -77,13 +82,16 @@ class UniformSampler(Sampler):
         """The next ``count`` draws of the round stream, skipping clusters without quota.
 
         Returns:
-            ``clusters`` int64[count] and ``ordinal`` int64[count]: the draw is the ``ordinal``-th
-            from its cluster since the start of the run. ``self._exposure`` is advanced.
+            ``clusters`` int64[c] and ``ordinal`` int64[c]: the draw is the ``ordinal``-th from its
+            cluster since the start of the run; ``c = count``, or fewer when the pool runs out and
+            the policy :meth:`_stops_when_exhausted`. ``self._exposure`` is advanced.
         """
         clusters: list[np.ndarray] = []
         ordinals: list[np.ndarray] = []
         exposure = self._exposure  # advanced in place; a round holds each cluster at most once
         need = count
+        if not self._round_mask.any():  # the pool ran out at the end of the last draw: raise or reset now
+            self._start_round(self._round)
         while need:
             rest = self._round_order()[self._round_pos:]
             quota = self._quota(exposure)
@@ -95,6 +103,9 @@ class UniformSampler(Sampler):
             need -= take.size
             if need == 0:
                 self._round_pos += int(ok_at[take.size - 1]) + 1
+                break
+            if need < count and self._stops_when_exhausted() and not (self._quota(exposure) > 0).any():
+                self._start_round(self._round + 1, defer_exhaustion=True)  # a short last block; the next draw raises
                 break
             self._start_round(self._round + 1)
             # whole rounds that no clip can interrupt are drawn in one vectorised block
@@ -108,14 +119,18 @@ class UniformSampler(Sampler):
                 ordinals.append(exposure[block] + np.repeat(np.arange(rounds), active.size))
                 exposure[active] += rounds
                 need -= block.size
-                # the next round; if this batch is complete, an exhausted pool is handled on the next draw
-                self._start_round(self._round + rounds, defer_exhaustion=need == 0)
+                # the next round; if this block is complete (or may end short), an exhausted pool is
+                # handled on the next draw
+                self._start_round(self._round + rounds, defer_exhaustion=need == 0 or self._stops_when_exhausted())
+                if need and not self._round_mask.any():
+                    break  # a short last block; the next draw raises
         return np.concatenate(clusters), np.concatenate(ordinals)
 
     def _start_round(self, index: int, defer_exhaustion: bool = False) -> None:
         """Begin round ``index`` over the clusters that still have quota."""
         self._round = index
         self._round_pos = 0
+        self._round_order_cache = None
         quota = self._quota(self._exposure)
         self._round_mask = self.sizes > 0 if quota is None else quota > 0
         if not self._round_mask.any() and not defer_exhaustion:
@@ -132,6 +147,8 @@ class UniformSampler(Sampler):
             w = weights if quota is None else np.where(quota > 0, weights, 0.0)
             if w.sum() <= 0:
                 if quota is None or not (quota > 0).any():
+                    if need < count and self._stops_when_exhausted():
+                        break  # a short last block; the next draw raises
                     self._on_no_active_cluster()  # raises, or resets the clip counters
                     continue
                 w = (quota > 0).astype(np.float64)  # zero weight left on the active clusters
@@ -142,9 +159,9 @@ class UniformSampler(Sampler):
             need -= int(extra.sum())
         clusters = np.repeat(np.arange(self.num_clusters), counts)
         first = np.repeat(np.cumsum(counts) - counts, counts)
-        ordinal = self._exposure[clusters] + (np.arange(count) - first)
+        ordinal = self._exposure[clusters] + (np.arange(clusters.size) - first)
         self._exposure += counts
-        order = rng.permutation(count)
+        order = rng.permutation(clusters.size)
         return clusters[order], ordinal[order]
 
     def _documents(self, clusters: np.ndarray, ordinal: np.ndarray) -> np.ndarray:
@@ -156,8 +173,8 @@ class UniformSampler(Sampler):
         pos += self._starts[clusters]
         return self._members[pos].astype(np.int64)
 
-    def _draw(self, step: int) -> np.ndarray:
-        return self._documents(*self._next_clusters(self.global_batch_size))
+    def _draw(self, lane: int) -> np.ndarray:
+        return self._documents(*self._next_clusters(self.block_size))
 
     def max_repetition(self) -> int:
         nz = self.sizes > 0

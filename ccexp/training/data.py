@@ -1,9 +1,11 @@
 """The sampler-driven data module: the sampling policy, not a DistributedSampler, orders the data.
 
-Each item of the training "dataset" is one optimizer step: the policy's global batch for that step,
-sliced to this rank (:func:`ccexp.sampling.rank_slice`) and packed into sequences. The DataLoader
-runs in the main process (``num_workers=0``) so the policy's state, its ``observe()`` feedback and
-its checkpointed ``state_dict()`` all live in one place.
+Each item of the training "dataset" is one *micro-batch*: ``micro_batch_size`` rows of ``seq_len``
+tokens of this rank's share of one optimizer step of the global token stream
+(:class:`ccexp.data.packing.TokenStream`). Item ``i`` is micro-batch ``i mod A`` of step ``i div A``
+(``A`` = gradient accumulation), and Lightning steps the optimizer every ``A`` items. The
+DataLoader runs in the main process (``num_workers=0``) so the policy's state, its ``observe()``
+feedback and its checkpointed ``state_dict()`` all live in one place.
 """
 from __future__ import annotations
 
@@ -14,100 +16,106 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ccexp.data.packing import pack_documents
-from ccexp.sampling import Sampler, rank_slice
+from ccexp.data.packing import StepPlan, TokenStream
+from ccexp.sampling import rank_slice
 
 
-class StepDataset(Dataset):
-    """``dataset[step]`` -> this rank's packed batch for ``step`` (calls must come in step order)."""
+class MicroBatchDataset(Dataset):
+    """``dataset[i]`` -> this rank's micro-batch ``i mod A`` of step ``i div A`` (steps come in order)."""
 
     def __init__(self, module: "SamplerDataModule"):
         self.m = module
 
     def __len__(self) -> int:
-        return self.m.total_steps
+        return self.m.total_steps * self.m.grad_accumulation
 
-    def __getitem__(self, step: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         m = self.m
-        docs = m.drawn_ahead.pop(step, None)
-        if docs is None:
-            # Lightning may re-create the iterator (it does when resuming), asking again for a step
-            # whose batch was already drawn: serve it again rather than drawing a new one
-            docs = m.drawn.get(step)
-        if docs is None:
-            docs = m.sampler.next_global_batch(step)
-        m.drawn[step] = docs
-        for old in [t for t in m.drawn if t < step - 3]:  # keep the few batches that may be in flight
-            del m.drawn[old]
-        mine = rank_slice(docs, m.rank, m.world_size)
-        batch = pack_documents(m.train_docs[mine], m.tokens, m.offsets, m.doc_clusters, seq_len=m.seq_len,
-                               max_doc_tokens=m.max_doc_tokens, eos_id=m.eos_id, pad_id=m.pad_id)
-        batch["step"] = step
-        batch["docs"] = mine
+        step, micro = divmod(int(index), m.grad_accumulation)
+        plan = m.plan(step)
+        mine = rank_slice(np.arange(m.stream.rows_per_step), m.rank, m.world_size)
+        rows = mine[micro * m.micro_batch_size:(micro + 1) * m.micro_batch_size]
+        batch = m.stream.rows(plan, rows, tokens=m.tokens, offsets=m.offsets, corpus_index=m.train_docs,
+                              eos_id=m.eos_id, document_mask=m.document_mask)
+        batch.update(step=step, micro=micro, last_micro=micro == m.grad_accumulation - 1,
+                     rows=torch.from_numpy(rows))
         return batch
 
 
-class _RemainingSteps:
-    """The DataLoader's index sampler: ``len`` is the whole run (Lightning counts the steps already
-    trained before a resume as part of the epoch); iteration starts at the first step not yet
-    trained (0, or the resumed step)."""
+class _RemainingMicroBatches:
+    """The DataLoader's index sampler: ``len`` is the whole run (Lightning counts the micro-batches
+    already trained before a resume as part of the epoch); iteration starts at the first micro-batch
+    of the first step not yet trained (0, or the resumed step)."""
 
     def __init__(self, module: "SamplerDataModule"):
         self.m = module
 
     def __len__(self) -> int:
-        return self.m.total_steps
+        return self.m.total_steps * self.m.grad_accumulation
 
     def __iter__(self):
-        start = min(self.m.drawn_ahead, default=self.m.sampler.state_dict()["step"])
-        return iter(range(start, self.m.total_steps))
+        trainer = self.m.trainer
+        first = trainer.global_step if trainer is not None else min(self.m.plans, default=self.m.stream.step)
+        return iter(range(first * self.m.grad_accumulation, len(self)))
 
 
 class SamplerDataModule(L.LightningDataModule):
-    """Feeds Lightning one packed batch per optimizer step, in the order the sampler chooses.
+    """Feeds Lightning fixed-shape micro-batches of the global token stream, in the policy's order.
 
     Args:
-        sampler: the policy, built over the training documents (its indices ``i`` map to corpus
-            documents ``train_docs[i]``).
-        train_docs: int64[N_train] corpus index of each training document.
+        stream: the token stream over the sampler's documents.
+        train_docs: int64[N_train] corpus index of each of the sampler's documents.
         tokens, offsets: the tokenized corpus (see :func:`ccexp.data.tokenize.encode_corpus`).
-        doc_clusters: int64[N_corpus] cluster id of every corpus document.
         total_steps: optimizer steps in the run.
+        micro_batch_size: rows per forward pass per rank.
+        grad_accumulation: micro-batches per optimizer step per rank.
+        eos_id: the document separator.
+        document_mask: give each row per-document ``position_ids`` (intra-document attention).
     """
 
-    def __init__(self, sampler: Sampler, train_docs: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
-                 doc_clusters: np.ndarray, *, total_steps: int, seq_len: int, max_doc_tokens: int, eos_id: int,
-                 pad_id: int):
+    def __init__(self, stream: TokenStream, train_docs: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, *,
+                 total_steps: int, micro_batch_size: int, grad_accumulation: int, eos_id: int,
+                 document_mask: bool = False):
         super().__init__()
-        self.sampler = sampler
+        self.stream = stream
         self.train_docs = np.asarray(train_docs, dtype=np.int64)
         self.tokens, self.offsets = tokens, offsets
-        self.doc_clusters = np.asarray(doc_clusters, dtype=np.int64)
-        self.total_steps, self.seq_len, self.max_doc_tokens = int(total_steps), int(seq_len), int(max_doc_tokens)
-        self.eos_id, self.pad_id = int(eos_id), int(pad_id)
+        self.total_steps, self.micro_batch_size = int(total_steps), int(micro_batch_size)
+        self.grad_accumulation, self.eos_id, self.document_mask = int(grad_accumulation), int(eos_id), bool(document_mask)
         self.rank, self.world_size = 0, 1
-        # global batches the DataLoader has drawn (Lightning prefetches) but the loop has not trained on
-        # yet; they go into checkpoints so that a resumed run trains on exactly the same stream
-        self.drawn: dict[int, np.ndarray] = {}
-        self.drawn_ahead: dict[int, np.ndarray] = {}
+        # plans of steps the DataLoader has started (Lightning prefetches) but the loop has not finished;
+        # they go into checkpoints so that a resumed run trains on exactly the same tokens
+        self.plans: dict[int, StepPlan] = {}
 
     def setup(self, stage: str) -> None:
         if self.trainer is not None:
             self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
 
+    def plan(self, step: int) -> StepPlan:
+        """Step ``step``'s plan: kept while its micro-batches are served, drawn when first asked for."""
+        if step not in self.plans:
+            if step != self.stream.step:
+                raise RuntimeError(f"the token stream is at step {self.stream.step}, asked for step {step}")
+            self.plans[step] = self.stream.plan_step()
+            for old in [t for t in self.plans if t < step - 2]:  # keep the few steps that may be in flight
+                del self.plans[old]
+        return self.plans[step]
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(StepDataset(self), batch_size=None, sampler=_RemainingSteps(self), num_workers=0)
+        return DataLoader(MicroBatchDataset(self), batch_size=None, sampler=_RemainingMicroBatches(self), num_workers=0)
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampler's state plus the global batches already drawn for steps not yet trained."""
+        """The sampler's and the stream's state plus the plans of steps drawn but not yet trained."""
         trained = self.trainer.global_step if self.trainer is not None else 0
-        self.drawn = {t: d for t, d in self.drawn.items() if t >= trained}
-        return _to_torch({"sampler": self.sampler.state_dict(), "drawn_ahead": dict(self.drawn)})
+        self.plans = {t: p for t, p in self.plans.items() if t >= trained}
+        return _to_torch({"sampler": self.stream.sampler.state_dict(), "stream": self.stream.state_dict(),
+                          "plans": {t: p.state() for t, p in self.plans.items()}})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = _to_numpy(state)
-        self.sampler.load_state_dict(state["sampler"])
-        self.drawn_ahead = dict(state.get("drawn_ahead", {}))
+        self.stream.sampler.load_state_dict(state["sampler"])
+        self.stream.load_state_dict(state["stream"])
+        self.plans = {int(t): StepPlan.from_state(p) for t, p in state.get("plans", {}).items()}
 
 
 def _to_torch(obj: Any) -> Any:

@@ -15,7 +15,7 @@ def tiny_gpt(vocab_size: int, eos_id: int, n_layer: int = 2, n_embd: int = 128, 
         raise CcexpError(f"model.n_embd={n_embd} must be divisible by model.n_head={n_head}")
     cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                      resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-                     bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+                     bos_token_id=eos_id, eos_token_id=eos_id)  # no pad token: the token stream is never padded
     return GPT2LMHeadModel(cfg)
 
 

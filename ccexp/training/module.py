@@ -25,16 +25,18 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
 
 
 class CausalLMModule(L.LightningModule):
-    """Train a causal LM on packed, cluster-labelled batches.
+    """Train a causal LM on micro-batches of the global token stream (:mod:`ccexp.data.packing`).
 
-    Logs ``train/loss`` (token-mean, nats) each step and keeps per-cluster running sums of loss
-    (nats) and tokens, float64[K] and int64[K], for telemetry and evaluation.
+    Logs ``train/loss`` (the optimizer step's token-mean loss over all micro-batches and ranks,
+    nats) and ``train/tokens`` (targets trained so far, all ranks) each step, and keeps per-cluster
+    running sums of loss (nats) and tokens, float64[K] and int64[K], for telemetry and evaluation.
 
-    Every step the per-cluster summed token loss and token counts (float64[K], int64[K]) are
-    all-reduced over data-parallel ranks and passed to ``sampler.observe`` — the feedback that
-    dynamic policies use — before any callback runs, so a checkpoint taken after the step holds it.
-    When the sampler has ``loss_weights()`` (CluSTER), token t's loss is multiplied by
-    ``w[cluster(t)]``.
+    At the last micro-batch of every optimizer step the step's per-cluster summed token loss and
+    token counts (float64[K], int64[K]) are all-reduced over data-parallel ranks and passed to
+    ``sampler.observe`` once — the feedback that dynamic policies use — before any callback runs,
+    so a checkpoint taken after the step holds it. When the sampler has ``loss_weights()``
+    (CluSTER), token t's loss is multiplied by ``w[cluster(t)]``. A batch with ``position_ids``
+    (``train.document_mask``) makes Hugging Face models attend only within each document.
 
     Args:
         model: a ``transformers`` causal LM.
@@ -58,33 +60,49 @@ class CausalLMModule(L.LightningModule):
         self.warmup_steps, self.total_steps = int(warmup_steps), int(total_steps)
         self.register_buffer("cluster_loss_sum", torch.zeros(self.num_clusters, dtype=torch.float64), persistent=True)
         self.register_buffer("cluster_tokens", torch.zeros(self.num_clusters, dtype=torch.int64), persistent=True)
-        self.tokens_seen = 0
+        self._step_loss: torch.Tensor | None = None  # per-cluster sums over the open step's micro-batches
+        self._step_tokens: torch.Tensor | None = None
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=(batch["cluster_ids"] >= 0).long()).logits
-        loss_tok, mask = token_losses(logits, batch["labels"])
-        n_tok = mask.sum()
-        cid = batch["cluster_ids"][:, 1:][mask]
-        if self.loss_weights is None:
-            loss = loss_tok.sum() / n_tok.clamp(min=1)
-        else:
-            loss = (loss_tok[mask] * self.loss_weights[cid]).sum() / n_tok.clamp(min=1)
+        """One micro-batch of ``[m, L]`` rows: token-mean cross-entropy over its ``m·L`` targets (every
+        micro-batch is full, so Lightning's division by the accumulation count gives the step's
+        token mean). The per-cluster sums accumulate over the step's micro-batches; after the last
+        one they are all-reduced over ranks, passed to ``sampler.observe`` once, and logged."""
+        out = self.model(input_ids=batch["input_ids"], position_ids=batch.get("position_ids"), use_cache=False)
+        loss_tok = F.cross_entropy(out.logits.flatten(0, 1).float(), batch["labels"].flatten(),
+                                   reduction="none")
+        cid = batch["cluster_ids"].flatten()
+        loss = loss_tok.mean() if self.loss_weights is None else (loss_tok * self.loss_weights[cid]).mean()
         with torch.no_grad():
-            step_loss = torch.zeros(self.num_clusters, dtype=torch.float64, device=cid.device)
-            step_loss.index_add_(0, cid, loss_tok[mask].double())
-            step_tokens = torch.zeros(self.num_clusters, dtype=torch.int64, device=cid.device)
-            step_tokens.index_add_(0, cid, torch.ones_like(cid))
-            if self.trainer.world_size > 1:
-                step_loss = self.trainer.strategy.reduce(step_loss, reduce_op="sum")
-                step_tokens = self.trainer.strategy.reduce(step_tokens, reduce_op="sum")
-            self.cluster_loss_sum += step_loss
-            self.cluster_tokens += step_tokens
-            if self.sampler is not None:
-                self.sampler.observe(int(batch["step"]), step_loss.cpu().numpy(), step_tokens.cpu().numpy())
-        self.tokens_seen += int(n_tok)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, batch_size=int(batch["input_ids"].shape[0]))
-        self.log("train/tokens", float(self.tokens_seen), on_step=True, batch_size=1)
+            if self._step_loss is None or self._step_loss.device != cid.device:
+                self._step_loss = torch.zeros(self.num_clusters, dtype=torch.float64, device=cid.device)
+                self._step_tokens = torch.zeros(self.num_clusters, dtype=torch.int64, device=cid.device)
+            self._step_loss.index_add_(0, cid, loss_tok.double())
+            self._step_tokens.index_add_(0, cid, torch.ones_like(cid))
+            if bool(batch["last_micro"]):
+                self._end_of_step(int(batch["step"]))
         return loss
+
+    def _end_of_step(self, step: int) -> None:
+        step_loss, step_tokens = self._step_loss, self._step_tokens
+        if self.trainer.world_size > 1:
+            step_loss = self.trainer.strategy.reduce(step_loss, reduce_op="sum")
+            step_tokens = self.trainer.strategy.reduce(step_tokens, reduce_op="sum")
+        self.cluster_loss_sum += step_loss
+        self.cluster_tokens += step_tokens
+        if self.sampler is not None:
+            self.sampler.observe(step, step_loss.cpu().numpy(), step_tokens.cpu().numpy())
+        total = step_tokens.sum()
+        self.log("train/loss", (step_loss.sum() / total.clamp(min=1)).float(), prog_bar=True, on_step=True,
+                 batch_size=1, rank_zero_only=True)
+        self.log("train/tokens", self.cluster_tokens.sum().double(), on_step=True, batch_size=1, rank_zero_only=True)
+        self._step_loss.zero_()
+        self._step_tokens.zero_()
+
+    @property
+    def tokens_seen(self) -> int:
+        """Target tokens trained on so far, all ranks together."""
+        return int(self.cluster_tokens.sum())
 
     def configure_optimizers(self):
         decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2]

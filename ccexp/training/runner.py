@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig
 
 from ccexp.build import build
+from ccexp.data.packing import TokenStream
 from ccexp.sampling import Sampler
 from ccexp.training.data import SamplerDataModule
 from ccexp.training.module import CausalLMModule
@@ -19,10 +20,17 @@ from ccexp.training.module import CausalLMModule
 log = logging.getLogger("ccexp")
 
 
+def _ends_step(trainer, batch, every: int) -> bool:
+    """True after the last micro-batch of an optimizer step that is a multiple of ``every`` (or the last)."""
+    step = trainer.global_step
+    return bool(batch["last_micro"]) and (step % every == 0 or step == trainer.max_steps)
+
+
 class SamplerTelemetry(Callback):
     """Log the policy's telemetry (``sampler/*``: cumulative, and ``window_*`` over the last
-    ``every`` steps) every ``every`` steps, on rank 0; with at most ``max_clusters`` clusters also each
-    cluster's exposure (documents drawn so far) and, for weighted policies, its weight."""
+    ``every`` steps) every ``every`` optimizer steps, on rank 0; with at most ``max_clusters`` clusters
+    also each cluster's exposure (documents drawn so far, ``sampler/exposure/NNNN``), tokens trained
+    (``sampler/tokens/NNNN``) and, for weighted policies, its weight (``sampler/weight/NNNN``)."""
 
     def __init__(self, sampler: Sampler, every: int, max_clusters: int = 64):
         self.sampler, self.every, self.max_clusters = sampler, max(1, int(every)), int(max_clusters)
@@ -32,7 +40,7 @@ class SamplerTelemetry(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if not (trainer.is_global_zero and (step % self.every == 0 or step == trainer.max_steps)):
+        if not (trainer.is_global_zero and _ends_step(trainer, batch, self.every)):
             return
         self.history_steps.append(step)
         self.history.append(self.sampler.exposure())
@@ -42,6 +50,7 @@ class SamplerTelemetry(Callback):
         self.last_exposure = self.sampler.exposure()
         if self.sampler.num_clusters <= self.max_clusters:
             metrics.update({f"sampler/exposure/{c:04d}": float(e) for c, e in enumerate(self.sampler.exposure())})
+            metrics.update({f"sampler/tokens/{c:04d}": float(t) for c, t in enumerate(pl_module.cluster_tokens.tolist())})
             weights = self.sampler.weights()
             if weights is not None:
                 metrics.update({f"sampler/weight/{c:04d}": float(w) for c, w in enumerate(weights)})
@@ -49,23 +58,82 @@ class SamplerTelemetry(Callback):
 
 
 class BatchRecorder(Callback):
-    """Save the documents each rank trained on, per step, to ``<dir>/rank<r>.npz``: ``steps`` int64[S],
-    ``docs`` int64[S, B/W] (this rank's slice) and ``global_docs`` int64[S, B] (the global batch this
-    rank's sampler drew), for checking the stream across world sizes and resumes."""
+    """Save what each rank trained on, micro-batch by micro-batch, to ``<dir>/rank<r>.npz``: ``steps``
+    and ``micro`` int64[n], ``rows`` int64[n, m] (the rows' indices among the step's R rows),
+    ``input_ids`` and ``doc_ids`` int64[n, m, L] (the sampler document of every input token), and
+    ``plan_digest`` int64[n] (a hash of the whole step's plan, which every rank draws), for checking the
+    stream across world sizes and resumes."""
 
     def __init__(self, out_dir: Path):
-        self.out_dir, self.steps, self.docs, self.global_docs = Path(out_dir), [], [], []
+        self.out_dir = Path(out_dir)
+        self.records: dict[str, list] = {k: [] for k in ("steps", "micro", "rows", "input_ids", "doc_ids",
+                                                         "plan_digest")}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = int(batch["step"])
-        self.steps.append(step)
-        self.docs.append(np.asarray(batch["docs"]))
-        self.global_docs.append(np.asarray(trainer.datamodule.drawn[step]))
+        import hashlib
+
+        for key, name in (("steps", "step"), ("micro", "micro"), ("rows", "rows"), ("input_ids", "input_ids"),
+                          ("doc_ids", "doc_ids")):
+            self.records[key].append(np.asarray(batch[name].cpu() if torch.is_tensor(batch[name]) else batch[name]))
+        plan = trainer.datamodule.plans[int(batch["step"])]
+        digest = hashlib.blake2b(np.concatenate([plan.doc, plan.start, plan.pos]).tobytes(), digest_size=8)
+        self.records["plan_digest"].append(np.frombuffer(digest.digest(), dtype=np.int64)[0])
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        np.savez(self.out_dir / f"rank{trainer.global_rank}.npz", steps=np.array(self.steps, dtype=np.int64),
-                 docs=np.stack(self.docs), global_docs=np.stack(self.global_docs))
+        np.savez(self.out_dir / f"rank{trainer.global_rank}.npz", **{k: np.stack(v) for k, v in self.records.items()})
+
+
+class HeldoutCurve(Callback):
+    """Held-out perplexity during training: every ``every`` optimizer steps (and before the first),
+    score a fixed sample of held-out documents and log ``curve/ppl``, ``curve/ppl_macro``,
+    ``curve/ppl_worst`` and ``curve/ppl_<label>/<value>`` with the MLflow step set to the *tokens
+    trained*, so runs of different samplers compare on one axis. Every rank scores the sample (a
+    sharded model needs all of them); rank 0 logs. Plain data only, so it pickles into spawned ranks.
+
+    Args:
+        every: optimizer steps between evaluations.
+        tokens, offsets: the tokenized corpus.
+        docs: int64[n] corpus indices of the sample; clusters: int64[n] their clusters (of K).
+        labels: label name -> n values (e.g. ``domain``), for per-label perplexity.
+        score_args: keyword arguments of :func:`ccexp.evaluation.perplexity.document_nll` (``eos_id``,
+            ``pad_id``, ``max_tokens``, ``batch_size``); min_cluster_docs: for ``ppl_worst``.
+    """
+
+    def __init__(self, every: int, *, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, clusters: np.ndarray,
+                 num_clusters: int, labels: dict[str, list[str]], score_args: dict[str, int], min_cluster_docs: int):
+        self.every, self.tokens, self.offsets, self.docs = int(every), tokens, offsets, np.asarray(docs, dtype=np.int64)
+        self.clusters, self.num_clusters, self.labels = np.asarray(clusters), int(num_clusters), labels
+        self.score_args, self.min_cluster_docs = dict(score_args), int(min_cluster_docs)
+        self.points: list[tuple[int, dict[str, float]]] = []  # (tokens trained, metrics), for plots and tests
+
+    def _evaluate(self, trainer, pl_module) -> None:
+        from ccexp.evaluation.perplexity import document_nll, summarize
+
+        model = pl_module.model
+        was_training = model.training
+        nll, ntok = document_nll(model, self.tokens, self.offsets, self.docs, device=pl_module.device, **self.score_args)
+        model.train(was_training)
+        if not trainer.is_global_zero:
+            return
+        report = summarize(nll, ntok, self.clusters, self.num_clusters, self.labels, min_cluster_docs=self.min_cluster_docs)
+        metrics = {k: v for k, v in report.metrics.items()
+                   if k in ("ppl", "ppl_macro", "ppl_worst") or "/" in k and not k.startswith("ppl_cluster/")}
+        tokens = pl_module.tokens_seen
+        self.points.append((tokens, metrics))
+        log.info("curve: step %d, %s tokens: held-out sample ppl %.2f, macro %.2f, worst %.2f", trainer.global_step,
+                 f"{tokens:,}", metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"])
+        if trainer.logger is not None:
+            from ccexp.tracking.mlflow_run import metric_keys
+
+            trainer.logger.log_metrics(metric_keys({f"curve/{k}": v for k, v in metrics.items()}), step=tokens)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if _ends_step(trainer, batch, self.every):
+            self._evaluate(trainer, pl_module)
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callback]) -> L.Trainer:
@@ -79,17 +147,28 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callba
                      precision=t.precision, max_steps=cfg.train.steps, max_epochs=1, logger=logger if logger else False,
                      callbacks=[ckpt, *callbacks], use_distributed_sampler=False,
                      log_every_n_steps=cfg.train.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
-                     accumulate_grad_batches=t.accumulate_grad_batches, enable_progress_bar=t.enable_progress_bar,
+                     accumulate_grad_batches=cfg.train.grad_accumulation, enable_progress_bar=t.enable_progress_bar,
                      num_sanity_val_steps=0, default_root_dir=str(run_dir), enable_model_summary=False)
 
 
-_BUDGET = object()
+def block_size(cfg: DictConfig, stream_len: np.ndarray | None) -> int:
+    """Documents per sampler block: about one optimizer step's documents (``tokens_per_step`` over the
+    mean stream length of a document), between 1 and 2**20."""
+    if stream_len is None or not len(stream_len):
+        return 1
+    return int(np.clip(np.ceil(cfg.train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
 
 
 def make_sampler(cfg: DictConfig, train_labels: np.ndarray, sizes: np.ndarray,
-                 similarity: np.ndarray | None = None, total_steps=_BUDGET) -> Sampler:
-    """Build the configured policy over the training documents (``similarity``: float[N_train]
-    cosine similarity to the centroid, given to policies that take it)."""
+                 similarity: np.ndarray | None = None, stream_len: np.ndarray | None = None) -> Sampler:
+    """Build the configured policy over the training documents.
+
+    Args:
+        similarity: float[N_train] cosine similarity to the centroid, given to policies that take it.
+        stream_len: int64[N_train] positions each document occupies in the token stream (tokens after
+            any cap, plus its separator); sizes the blocks and lets clipping policies check the run's
+            token budget up front. None builds a probe (block of 1, no budget).
+    """
     import inspect
 
     from hydra.utils import get_method
@@ -97,29 +176,34 @@ def make_sampler(cfg: DictConfig, train_labels: np.ndarray, sizes: np.ndarray,
     extra = {}
     if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
         extra["similarity"] = similarity
-    return build(cfg.sampler, "sampler", labels=train_labels, sizes=sizes, global_batch_size=cfg.train.global_batch_size,
-                 seed=cfg.seed, total_steps=cfg.train.steps if total_steps is _BUDGET else total_steps, **extra)
+    budget = None if stream_len is None else cfg.train.steps * cfg.train.tokens_per_step + 1
+    return build(cfg.sampler, "sampler", labels=train_labels, sizes=sizes, block_size=block_size(cfg, stream_len),
+                 seed=cfg.seed, document_tokens=stream_len, token_budget=budget, **extra)
 
 
 def make_model(cfg: DictConfig, tok) -> torch.nn.Module:
     return build(cfg.model, "model", vocab_size=len(tok), eos_id=tok.eos_token_id)
 
 
-def fit(cfg: DictConfig, *, run_dir: Path, logger, sampler: Sampler, model: torch.nn.Module, datamodule_args: dict[str, Any],
+def fit(cfg: DictConfig, *, run_dir: Path, logger, stream: TokenStream, model: torch.nn.Module,
+        datamodule_args: dict[str, Any], callbacks: list[Callback] = (),
         ckpt_path: str | None = None) -> tuple[L.Trainer, CausalLMModule]:
-    """Fit ``model`` for ``train.steps`` optimizer steps in the order ``sampler`` chooses."""
-    dm = SamplerDataModule(sampler, total_steps=cfg.train.steps, seq_len=cfg.train.seq_len,
-                           max_doc_tokens=cfg.train.max_doc_tokens, **datamodule_args)
+    """Fit ``model`` for ``train.steps`` optimizer steps of ``train.tokens_per_step`` tokens each, in the
+    order ``stream``'s sampler chooses."""
+    sampler = stream.sampler
+    dm = SamplerDataModule(stream, total_steps=cfg.train.steps, micro_batch_size=cfg.train.micro_batch_size,
+                           grad_accumulation=cfg.train.grad_accumulation, document_mask=cfg.train.document_mask,
+                           **datamodule_args)
     module = CausalLMModule(model, sampler.num_clusters, sampler=sampler, lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay, warmup_steps=cfg.train.warmup_steps,
                             total_steps=cfg.train.steps)
-    callbacks: list[Callback] = [SamplerTelemetry(sampler, cfg.train.log_every_n_steps)]
+    callbacks = [SamplerTelemetry(sampler, cfg.train.log_every_n_steps), *callbacks]
     if cfg.train.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     trainer = build_trainer(cfg, run_dir, logger, callbacks)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     if "spawn" in str(cfg.trainer.strategy):
-        # the ranks ran in child processes: take the sampler state of the final checkpoint
+        # the ranks ran in child processes: take the sampler and stream state of the final checkpoint
         last = run_dir / "checkpoints" / "last.ckpt"
         state = torch.load(last, map_location="cpu", weights_only=False)
         dm.load_state_dict(state[type(dm).__qualname__])
