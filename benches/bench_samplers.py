@@ -2,7 +2,9 @@
 
 Builds a label array of N documents (default 100M) over K clusters (default 10,000) with
 Zipf-distributed cluster sizes (exponent 1.1), then, for each policy, times construction and the
-drawing of ``--steps`` global batches of ``--batch`` documents on one core. The baseline, run in the
+drawing of ``--steps`` blocks of ``--batch`` documents on one core. ``cluster_dp`` runs on CluSTER's
+setting, K = the data-parallel world size (``--dp-clusters``, default 64, from the same documents
+grouped by ``label mod 64``), drawing one block of ``batch / K`` documents per lane (cluster) each step. The baseline, run in the
 same process, is the naive way to sample from per-document weights: ``torch.multinomial`` over N
 weights (torch caps the number of categories at 2**24, so the baseline runs on the largest N it
 accepts and its rate is reported per index drawn). Peak memory is traced per policy (tracemalloc
@@ -45,17 +47,23 @@ def time_policy(name, make, steps, feedback):
     t0 = time.perf_counter()
     sampler = make()
     build = time.perf_counter() - t0
-    sampler.next_global_batch(0)  # warm-up step (caches, first round)
+    def draw() -> np.ndarray:
+        if sampler.num_lanes == 1:
+            return sampler.next_block()
+        return np.concatenate([sampler.next_block(lane) for lane in range(sampler.num_lanes)])
+
+    draw()  # warm-up step (caches, first round)
     t0 = time.perf_counter()
+    n = 0
     for t in range(1, steps + 1):
-        docs = sampler.next_global_batch(t)
+        docs = draw()
+        n += docs.size
         if feedback:
             tokens = np.bincount(sampler.labels[docs], minlength=sampler.num_clusters)
             sampler.observe(t, tokens * 2.0, tokens)
     secs = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    n = steps * sampler.global_batch_size
     del sampler
     return {"policy": name, "build_s": build, "indices_per_s": n / secs, "peak_mb": peak / 2**20}
 
@@ -79,6 +87,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dp-clusters", type=int, default=64, help="K for cluster_dp (CluSTER: K = world size)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -89,13 +98,16 @@ def main() -> None:
     base_rate, base_n = naive_multinomial(args.documents, args.batch, max(3, args.steps // 3))
     print(f"baseline: torch.multinomial over {base_n:,} per-document weights: {base_rate / 1e6:.2f} M indices/s "
           f"(1 thread)")
-    b, k = args.batch, args.clusters
+    b = args.batch
+    dp_labels = (labels % args.dp_clusters).astype(np.int32)
+    dp_sizes = np.bincount(dp_labels, minlength=args.dp_clusters).astype(np.int64)
     policies = [
-        ("random", lambda: RandomSampler(labels, sizes, global_batch_size=b), False),
-        ("uniform", lambda: UniformSampler(labels, sizes, global_batch_size=b), False),
-        ("clusterclip", lambda: ClusterClipSampler(labels, sizes, global_batch_size=b, clip_threshold=5), False),
-        ("dynamic", lambda: DynamicSampler(labels, sizes, global_batch_size=b, warmup_steps=0, update_every=1), True),
-        ("cluster_dp", lambda: ClusterDPSampler(labels, sizes, global_batch_size=b // k * k, keep="random"), False),
+        ("random", lambda: RandomSampler(labels, sizes, block_size=b), False),
+        ("uniform", lambda: UniformSampler(labels, sizes, block_size=b), False),
+        ("clusterclip", lambda: ClusterClipSampler(labels, sizes, block_size=b, clip_threshold=5), False),
+        ("dynamic", lambda: DynamicSampler(labels, sizes, block_size=b, warmup_steps=0, update_every=1), True),
+        ("cluster_dp", lambda: ClusterDPSampler(dp_labels, dp_sizes, block_size=max(1, b // args.dp_clusters),
+                                                keep="random"), False),
     ]
     print(f"{'policy':12s} {'build s':>8s} {'M idx/s':>8s} {'vs naive':>9s} {'peak MiB':>9s}")
     for name, make, feedback in policies:
