@@ -78,6 +78,7 @@ def domains_plot(paired_csv: Path, path: Path) -> None:
 
     rows = [r for r in csv.DictReader(open(paired_csv)) if r["metric"].startswith("eval/ppl_domain/")]
     samplers = sorted({r["sampler"] for r in rows})
+    color = {s: f"C{i}" for i, s in enumerate(sorted(samplers + [rows[0]["baseline"]]))}  # as in curves.png
     domains = sorted({r["metric"].split("/")[-1] for r in rows})
     fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.8 / max(1, len(samplers))
@@ -86,7 +87,7 @@ def domains_plot(paired_csv: Path, path: Path) -> None:
         mean = [float(got[d]["mean_difference"]) if d in got else math.nan for d in domains]
         half = [float(got[d]["ci95_half_width"]) if d in got else 0.0 for d in domains]
         ax.bar(np.arange(len(domains)) + (i - (len(samplers) - 1) / 2) * width, mean, width, yerr=half, capsize=3,
-               color=f"C{i + 1}", label=s)
+               color=color[s], label=s)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(np.arange(len(domains)), domains, rotation=30, ha="right")
     ax.set(ylabel="held-out perplexity − random's (same seed)",
