@@ -32,7 +32,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ccexp.errors import CcexpError
-from ccexp.sampling.clusterclip import ClusterClipSampler
+from ccexp.sampling.clip import RepetitionClip
+from ccexp.sampling.uniform import UniformSampler
 
 _DYNAMIC_STREAM = 0x44594E41  # "DYNA"
 
@@ -59,7 +60,7 @@ def load_reference_losses(source: str | Sequence[float] | None, num_clusters: in
     return values.astype(np.float64)
 
 
-class DynamicSampler(ClusterClipSampler):
+class DynamicSampler(UniformSampler):
     """Online cluster reweighting; see the module docstring.
 
     Args:
@@ -72,22 +73,23 @@ class DynamicSampler(ClusterClipSampler):
         eta: DoReMi step size, > 0.
         epsilon: DoReMi smoothing towards uniform, in [0, 1].
         reference_losses: DoReMi's per-cluster reference loss (list, .npy or .json), nats/token.
-        clip_threshold, on_exhausted: ClusterClip's repetition clip (None = no clip).
+        clip_threshold, on_exhausted: ClusterClip's repetition clip (:class:`~ccexp.sampling.clip.RepetitionClip`;
+            None = no clip).
 
     Raises:
         CcexpError: for an unknown rule or an invalid parameter.
     """
 
     name = "dynamic"
-    clip_optional = True
 
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  document_tokens: np.ndarray | None = None, token_budget: int | None = None, rule: str = "odm",
                  update_every: int = 10, warmup_steps: int = 50, beta: float = 0.9, eta: float = 1.0,
                  epsilon: float = 1e-3, reference_losses: str | Sequence[float] | None = None,
                  clip_threshold: int | None = None, on_exhausted: str = "error"):
+        clip = None if clip_threshold is None else RepetitionClip(sizes, clip_threshold, on_exhausted)
         super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
-                         token_budget=token_budget, clip_threshold=clip_threshold, on_exhausted=on_exhausted)
+                         token_budget=token_budget, clip=clip)
         if rule not in ("odm", "doremi"):
             raise CcexpError(f"sampler.rule={rule!r} is not an option; use 'odm' or 'doremi'")
         if int(update_every) < 1 or int(warmup_steps) < 0:

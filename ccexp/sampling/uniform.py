@@ -13,6 +13,9 @@ Two levels, both *passes over pseudo-random permutations* so that no state is O(
 Then ``P(x) = 1 / (K · n_c(x))`` and the expected repetitions of ``x`` after ``D`` draws are
 ``D / (K · n_c(x))``. State: blocks drawn, exposure[K], round index, position in the round and the round's
 active mask[K] — O(K).
+
+An optional :class:`~ccexp.sampling.clip.RepetitionClip` (ClusterClip's, also used by ``dynamic``)
+limits each cluster's draws; rounds then visit only the clusters with quota left.
 """
 from __future__ import annotations
 
@@ -20,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ccexp.sampling.base import Sampler
 from ccexp.errors import CcexpError
+from ccexp.sampling.base import Sampler
+from ccexp.sampling.clip import RepetitionClip
 from ccexp.sampling.permutation import MAX_DOMAIN, affine_permute, derive_keys, pass_hash, shuffled_groups
 
 _ROUND_STREAM = 0x524F554E  # "ROUN"
@@ -29,14 +33,19 @@ _PASS_STREAM = 0x50415353  # "PASS"
 
 
 class UniformSampler(Sampler):
-    """Uniform over clusters, then uniform within the cluster. See :class:`Sampler` for args."""
+    """Uniform over clusters, then uniform within the cluster. See :class:`Sampler` for args;
+    ``clip`` (used by the policies built on this one) limits each cluster's draws."""
 
     name = "uniform"
 
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
-                 document_tokens: np.ndarray | None = None, token_budget: int | None = None):
+                 document_tokens: np.ndarray | None = None, token_budget: int | None = None,
+                 clip: RepetitionClip | None = None):
         super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
                          token_budget=token_budget)
+        self.clip = clip
+        if clip is not None:
+            clip.check_budget(self.num_documents, self.document_tokens, self.token_budget)
         if self.sizes.max() >= MAX_DOMAIN:
             raise CcexpError(f"{self.name} sampler supports clusters of fewer than {MAX_DOMAIN:,} documents")
         # members of cluster c are members[starts[c]:starts[c+1]], shuffled once (a static index, not state)
@@ -50,17 +59,16 @@ class UniformSampler(Sampler):
         self._round_mask = self.sizes > 0
         self._round_order_cache: tuple[int, np.ndarray] | None = None
 
-    # -- hooks for clipping policies ----------------------------------------------------------
+    # -- the clip's quota --------------------------------------------------------------------
     def _quota(self, exposure: np.ndarray) -> np.ndarray | None:
         """int64[K] draws each cluster may still take at ``exposure``, or None for unlimited."""
-        return None
+        return None if self.clip is None else self.clip.quota(exposure)
 
     def _on_no_active_cluster(self) -> None:
-        raise AssertionError("unreachable without a clip")
+        self.clip.exhausted(self.num_documents, self.document_tokens)  # raises, or resets the counters
 
     def _stops_when_exhausted(self) -> bool:
-        """True when an exhausted pool ends the stream (then a block may come back short)."""
-        return False
+        return self.clip is not None and self.clip.ends_stream
 
     # -- drawing ------------------------------------------------------------------------------
     def _rounds(self, first: int, count: int) -> np.ndarray:
@@ -177,14 +185,23 @@ class UniformSampler(Sampler):
         return self._documents(*self._next_clusters(self.block_size))
 
     def max_repetition(self) -> int:
+        if self.clip is not None:
+            return self.clip.max_repetition(self._exposure)
         nz = self.sizes > 0
         return int((-(-self._exposure[nz] // self.sizes[nz])).max(initial=0))
 
+    def active_clusters(self) -> int:
+        quota = self._quota(self._exposure)
+        return super().active_clusters() if quota is None else int(np.count_nonzero(quota > 0))
+
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "round": self._round, "round_pos": self._round_pos,
+        clip = {} if self.clip is None else self.clip.state_dict()
+        return {**super().state_dict(), **clip, "round": self._round, "round_pos": self._round_pos,
                 "round_mask": self._round_mask.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.clip is not None:
+            self.clip.load_state_dict(state)
         super().load_state_dict(state)
         self._round = int(state["round"])
         self._round_pos = int(state["round_pos"])
