@@ -15,8 +15,8 @@ def real_embeddings(tmp_path_factory, builtin_records):
     for r in builtin_records:
         by_domain.setdefault(r["domain"], []).append(r)
     picked = [r for d in ("lexicon.wordnet", "scripture.web_bible", "code.go") for r in by_domain[d][:60]]
-    emb = SentenceEmbedder(batch_size=32, max_seq_length=128).embed([r["text"] for r in picked],
-                                                                      tmp_path_factory.mktemp("emb") / "e.npy")
+    emb, _ = SentenceEmbedder(batch_size=32, max_seq_length=128).embed([r["text"] for r in picked],
+                                                                         tmp_path_factory.mktemp("emb") / "e.npy")
     return np.asarray(emb), np.array([r["domain"] for r in picked])
 
 
@@ -59,3 +59,30 @@ def test_training_sample_is_capped_and_logged(real_embeddings):
     emb, _ = real_embeddings
     res = FaissKMeans(k=3, max_points_per_centroid=20, seed=1).fit(emb, np.ones(len(emb), bool))
     assert res.train_points == 60 and res.labels.shape == (180,)
+
+
+@pytest.mark.parametrize("spherical", [True, False])
+def test_similarity_is_cosine_and_closest_means_nearest_whatever_the_metric(real_embeddings, spherical):
+    """``similarity`` is the cosine similarity to the assigned centroid (higher = closer) for spherical
+    and L2 k-means alike, so cluster_dp's keep=closest/farthest and the report's nearest documents pick
+    the documents nearest to / farthest from their centroid in the k-means' own metric."""
+    from ccexp.clustering.report import nearest_documents
+    from ccexp.sampling import ClusterDPSampler
+
+    emb, _ = real_embeddings
+    x = emb.astype(np.float32)
+    train = np.ones(len(emb), bool)
+    res = FaissKMeans(k=3, niter=20, seed=0, spherical=spherical).fit(emb, train)
+    c = res.centroids[res.labels]
+    cosine = (x * c).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(c, axis=1)
+    np.testing.assert_allclose(res.similarity, cosine, atol=1e-5)
+    distance = np.linalg.norm(x - c, axis=1) if not spherical else -cosine  # the k-means' own metric
+    for cluster, docs in enumerate(nearest_documents(res.labels, res.similarity, train, 3, 4)):
+        members = np.flatnonzero(res.labels == cluster)
+        assert set(docs) == set(members[np.argsort(distance[members])[:4]])
+    for keep, pick in (("closest", np.argsort), ("farthest", lambda d: np.argsort(-d))):
+        s = ClusterDPSampler(res.labels, res.sizes.astype(np.int64), block_size=1, similarity=res.similarity,
+                             keep=keep)
+        for lane, kept in enumerate(s.kept_documents()):
+            members = np.flatnonzero(res.labels == lane)
+            assert set(kept) == set(members[pick(distance[members])[:kept.size]])

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ccexp.clustering.hierarchical import HierarchicalKMeans, balanced_selection, water_fill
+from ccexp.clustering.hierarchical import HierarchicalKMeans
+from ccexp.clustering.selection import balanced_selection, water_fill
 from ccexp.clustering.report import imbalance, write_cluster_report
 from ccexp.embedding.sentence import SentenceEmbedder
 from ccexp.errors import CcexpError
@@ -31,6 +32,7 @@ def texts(builtin_records):
     return [" ".join(r["text"].split())[:300] for r in builtin_records[::30][:360]]
 
 
+@pytest.mark.slow
 def test_killed_embedding_resumes_with_unfinished_shards_only(tmp_path, texts):
     src = tmp_path / "texts.txt"
     src.write_text("\n".join(texts) + "\n", encoding="utf-8")
@@ -47,12 +49,13 @@ def test_killed_embedding_resumes_with_unfinished_shards_only(tmp_path, texts):
     mtimes = {i: (work / f"shard-{i:06d}.npy").stat().st_mtime_ns for i in done_before}
 
     emb = SentenceEmbedder(batch_size=16, max_seq_length=64, shard_size=40, device="cpu")
-    resumed = np.asarray(emb.embed(texts, tmp_path / "resumed.npy", work))
-    assert emb.last_stats["skipped"] == done_before  # no shard embedded twice
-    assert sorted(emb.last_stats["embedded"] + done_before) == list(range(9))
+    resumed, stats = emb.embed(texts, tmp_path / "resumed.npy", work)
+    resumed = np.asarray(resumed)
+    assert stats["skipped"] == done_before  # no shard embedded twice
+    assert sorted(stats["embedded"] + done_before) == list(range(9))
     assert all((work / f"shard-{i:06d}.npy").stat().st_mtime_ns == t for i, t in mtimes.items())
     fresh = np.asarray(SentenceEmbedder(batch_size=16, max_seq_length=64, shard_size=40, device="cpu").embed(
-        texts, tmp_path / "fresh.npy", tmp_path / "fresh_work"))
+        texts, tmp_path / "fresh.npy", tmp_path / "fresh_work")[0])
     assert resumed.dtype == np.float16 and resumed.shape == (360, 384)
     assert np.array_equal(resumed, fresh)
 
@@ -61,7 +64,7 @@ def test_killed_embedding_resumes_with_unfinished_shards_only(tmp_path, texts):
 def default_corpus_embeddings(builtin_records, tmp_path_factory):
     """Real MiniLM embeddings of 1,200 documents of the embedded default corpus (every domain)."""
     recs = builtin_records[::10][:1200]
-    emb = SentenceEmbedder(batch_size=64, max_seq_length=64, device="cpu").embed(
+    emb, _ = SentenceEmbedder(batch_size=64, max_seq_length=64, device="cpu").embed(
         [r["text"] for r in recs], tmp_path_factory.mktemp("hier") / "e.npy")
     return np.asarray(emb), [r["domain"] for r in recs], [r["text"] for r in recs]
 
@@ -72,19 +75,19 @@ def test_hierarchical_levels_nest_and_label_every_document(default_corpus_embedd
     train[::7] = False
     res = HierarchicalKMeans(levels=[40, 10, 3], niter=15, resampling_steps=[1, 2, 2], sample_size=[8, 2, 2],
                              seed=0).fit(emb, train)
-    assert res.labels.shape == (1200,) and res.centroids.shape == (40, 384) and len(res.levels) == 2
+    assert res.labels.shape == (1200,) and res.centroids.shape == (40, 384) and len(res.levels) == 3
     finer = res.labels
-    for level, k in zip(res.levels, (10, 3)):
-        assert level["parent"].shape == (finer.max() + 1,) or level["parent"].size >= finer.max() + 1
-        assert np.array_equal(level["labels"], level["parent"][finer])  # nesting: a document follows its cluster
-        assert level["sizes"].sum() == train.sum() and level["labels"].max() < k
-        finer = level["labels"]
+    for level, k in zip(res.levels[1:], (10, 3)):
+        assert level.parent.size >= finer.max() + 1 and level.k == k
+        assert np.array_equal(level.labels, level.parent[finer])  # nesting: a document follows its cluster
+        assert level.sizes.sum() == train.sum() and level.labels.max() < k
+        finer = level.labels
     again = HierarchicalKMeans(levels=[40, 10, 3], niter=15, resampling_steps=[1, 2, 2], sample_size=[8, 2, 2],
                                seed=0).fit(emb, train)
-    assert np.array_equal(res.levels[1]["labels"], again.levels[1]["labels"])  # deterministic from the seed
+    assert np.array_equal(res.levels[2].labels, again.levels[2].labels)  # deterministic from the seed
     from ccexp.clustering.report import agreement
 
-    assert agreement(res.levels[0]["labels"], domains)["purity"] > 0.6  # coarse clusters follow the domains
+    assert agreement(res.levels[1].labels, domains)["purity"] > 0.6  # coarse clusters follow the domains
 
 
 def test_resampling_spreads_centroids_apart(default_corpus_embeddings):
@@ -123,13 +126,11 @@ def test_balanced_selection_hits_the_target_and_evens_out_clusters(default_corpu
     emb, _, _ = default_corpus_embeddings
     train = np.ones(len(emb), bool)
     res = HierarchicalKMeans(levels=[40, 8], niter=10, seed=0).fit(emb, train)
-    sel = balanced_selection([res.labels, res.levels[0]["labels"]], [40, 8], [res.levels[0]["parent"]], train,
-                             res.similarity, 400, strategy="closest", seed=0)
+    sel = balanced_selection(res.levels, train, 400, strategy="closest", seed=0)
     assert sel.sum() == 400
     kept = np.bincount(res.labels[sel], minlength=40)
     assert imbalance(kept[kept > 0])["gini"] < imbalance(res.sizes)["gini"]
-    everything = balanced_selection([res.labels, res.levels[0]["labels"]], [40, 8], [res.levels[0]["parent"]], train,
-                                    res.similarity, 5000, seed=0)
+    everything = balanced_selection(res.levels, train, 5000, seed=0)
     assert everything.all()
 
 
@@ -154,6 +155,7 @@ def test_hierarchical_rejects_bad_levels():
         HierarchicalKMeans(levels=[10, 5], resampling_steps=[1, 2, 3])
 
 
+@pytest.mark.slow
 def test_cli_hierarchical_run_balances_at_a_level_on_a_curated_subset(tmp_path, small_corpus):
     from mlflow import MlflowClient
 
@@ -161,12 +163,12 @@ def test_cli_hierarchical_run_balances_at_a_level_on_a_curated_subset(tmp_path, 
 
     proc = run_ccexp("data=jsonl", f"data.path={small_corpus}", "data.label_fields=[domain]", "clusterer=hierarchical",
                      "clusterer.levels=[8,4,2]", "clusterer.resampling_steps=1", "clusterer.sample_size=3",
-                     "clusterer.selection_target=120", "sampler=uniform", "sampler.level=1", "train.steps=4",
+                     "selection.target=120", "sampler=uniform", "sampler.level=1", "train.steps=4",
                      "train.tokens_per_step=256", "train.micro_batch_size=4", "train.seq_len=64", "eval.max_tokens=32",
                      "model.n_embd=32", "model.n_head=2", "model.n_layer=1", "model.tokenizer.vocab_size=400",
                      "trainer.enable_progress_bar=false", f"paths.outputs={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "K=8/4/2" in proc.stderr + proc.stdout and "120 documents selected" in proc.stderr + proc.stdout
+    assert "K=8/4/2" in proc.stderr + proc.stdout and "select: 120 of" in proc.stderr + proc.stdout
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])[0]
     assert "-k4l1-" in run.info.run_name
@@ -183,9 +185,9 @@ def test_sampler_level_outside_the_clustering_is_rejected():
     from hydra import compose, initialize_config_dir
 
     from ccexp.__main__ import CONFIG_DIR
-    from ccexp.validate import check_sampler_options
+    from ccexp.preflight import preflight
 
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         cfg = compose("config", overrides=["sampler.level=1"])
     with pytest.raises(CcexpError, match="sampler.level=1 but clusterer=kmeans has 1 level"):
-        check_sampler_options(cfg)
+        preflight(cfg)

@@ -10,8 +10,7 @@ pulling centroids out of dense regions towards an even spread over concepts. Eve
 are kept: level 0 (``labels``) is the finest; ``levels[l-1]`` describes level l, with the ``parent``
 map from level l-1's clusters. Samplers pick a level with ``sampler.level``.
 
-:func:`balanced_selection` is the paper's hierarchical balanced sampling (§3.2): water-filling a
-target size from the top level down.
+The paper's hierarchical balanced sampling (§3.2) is its own step, :mod:`ccexp.clustering.selection`.
 """
 from __future__ import annotations
 
@@ -19,7 +18,9 @@ import logging
 
 import numpy as np
 
-from ccexp.clustering.kmeans import Clustering, assign, check_k, train_centroids, training_sample, use_gpu
+from ccexp.clustering.kmeans import (Clustering, Level, assign, check_k, cosine_to, train_centroids, training_sample,
+                                    use_gpu)
+from ccexp.clustering.selection import closest_per_cluster
 from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
@@ -32,19 +33,6 @@ def _as_list(value, n: int, name: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def closest_per_cluster(labels: np.ndarray, score: np.ndarray, k: int, per, rng=None) -> np.ndarray:
-    """Indices of the ``per`` points with the highest ``score`` in each of the ``k`` clusters (random
-    points when ``rng`` is given); ``per`` is one count or int[k], one per cluster. Vectorised: one
-    lexsort, no loop over points."""
-    key = rng.random(labels.size) if rng is not None else -np.asarray(score)
-    order = np.lexsort((key, labels))
-    sizes = np.bincount(labels, minlength=k)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    rank = np.arange(labels.size) - np.repeat(starts, sizes)
-    quota = np.asarray(per)
-    return order[rank < (quota[labels[order]] if quota.ndim else quota)]
-
-
 class HierarchicalKMeans:
     """See the module docstring.
 
@@ -54,10 +42,7 @@ class HierarchicalKMeans:
         seed: FAISS seed and sampling seed.
         resampling_steps: per level (or one value for all).
         sample_size: points per cluster in a resampling step, per level (or one value).
-        sampling: ``closest`` (the paper's default) or ``random``.
-        selection_target: if set, keep only this many training documents, chosen by hierarchical
-            balanced sampling (:func:`balanced_selection`) — a curation step before training.
-        selection_strategy: ``random`` or ``closest`` (to the finest centroid) inside each cluster.
+        sampling: ``closest`` (highest cosine similarity to the centroid; the paper's default) or ``random``.
         max_points_per_centroid: level 1 trains on a seeded sample of ``levels[0] ·`` this many documents.
         spherical, assign_batch, device, verbose: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
 
@@ -65,16 +50,10 @@ class HierarchicalKMeans:
         CcexpError: for levels that do not decrease, a level larger than its input, or bad options.
     """
 
-    def __init__(self, levels=(32, 8), niter: int = 20, seed: int = 0, resampling_steps=0, sample_size=10,
+    def __init__(self, levels=(128, 32, 8), niter: int = 20, seed: int = 0, resampling_steps=0, sample_size=10,
                  sampling: str = "closest", max_points_per_centroid: int = 256, spherical: bool = True,
-                 assign_batch: int = 65536, device: str = "auto", verbose: bool = False,
-                 selection_target: int | None = None, selection_strategy: str = "random"):
+                 assign_batch: int = 65536, device: str = "auto", verbose: bool = False):
         self.levels = [int(k) for k in levels]
-        if selection_target is not None and int(selection_target) < 1:
-            raise CcexpError(f"clusterer.selection_target must be >= 1, got {selection_target}")
-        if selection_strategy not in ("random", "closest"):
-            raise CcexpError(f"clusterer.selection_strategy={selection_strategy!r} is not an option; use random or closest")
-        self.selection_target, self.selection_strategy = selection_target, selection_strategy
         if not self.levels or any(b >= a for a, b in zip(self.levels, self.levels[1:])):
             raise CcexpError(f"clusterer.levels={self.levels} must be non-empty and strictly decreasing "
                              "(finest level first)")
@@ -87,7 +66,8 @@ class HierarchicalKMeans:
         self.assign_batch, self.device, self.verbose = int(assign_batch), device, bool(verbose)
 
     def _level(self, points: np.ndarray, k: int, steps: int, per: int, seed: int, gpu: bool):
-        """k-means with resampling on ``points``; returns centroids, point labels and scores."""
+        """k-means with resampling on ``points``; returns centroids, point labels and their cosine
+        similarity to the centroid, and the objective."""
         kw = dict(niter=self.niter, spherical=self.spherical, gpu=gpu, verbose=self.verbose)
         centroids, objective = train_centroids(points, k, seed=seed, **kw)
         labels, score = assign(points, centroids, spherical=self.spherical, batch=self.assign_batch, gpu=gpu)
@@ -109,90 +89,28 @@ class HierarchicalKMeans:
         points = np.ascontiguousarray(embeddings[sample], dtype=np.float32)
         centroids, _, _, objective = self._level(points, self.levels[0], self.resampling_steps[0],
                                                  self.sample_size[0], self.seed, gpu)
-        labels, score = assign(embeddings, centroids, spherical=self.spherical, batch=self.assign_batch, gpu=gpu)
+        labels, similarity = assign(embeddings, centroids, spherical=self.spherical, batch=self.assign_batch, gpu=gpu)
         sizes = np.bincount(labels[train_idx], minlength=self.levels[0]).astype(np.int64)
-        result = Clustering(labels, centroids, sizes, score, int(sample.size), objective)
-        finer_centroids, finer_labels = centroids, labels
+        result = Clustering([Level(labels, centroids, sizes, similarity)], int(sample.size), objective)
+        finer = result.levels[0]
         for depth, k in enumerate(self.levels[1:], start=1):
-            c, parent, _, _ = self._level(finer_centroids, k, self.resampling_steps[depth], self.sample_size[depth],
+            c, parent, _, _ = self._level(finer.centroids, k, self.resampling_steps[depth], self.sample_size[depth],
                                           self.seed + 1000 * depth, gpu)
-            doc_labels = parent[finer_labels]
-            sim = similarity_to(embeddings, c, doc_labels, self.assign_batch)
-            result.levels.append({"labels": doc_labels.astype(np.int32), "centroids": c, "parent": parent,
-                                  "sizes": np.bincount(doc_labels[train_idx], minlength=k).astype(np.int64),
-                                  "similarity": sim})
-            finer_centroids, finer_labels = c, doc_labels
+            doc_labels = parent[finer.labels].astype(np.int32)
+            finer = Level(doc_labels, c, np.bincount(doc_labels[train_idx], minlength=k).astype(np.int64),
+                          _similarity(embeddings, c, doc_labels, self.assign_batch), parent)
+            result.levels.append(finer)
         log.info("cluster: hierarchical k-means %s trained on %d of %d training documents (resampling %s)",
                  self.levels, sample.size, train_idx.size, self.resampling_steps)
-        if self.selection_target is not None:
-            result.selected = balanced_selection(
-                [result.labels] + [lv["labels"] for lv in result.levels], self.levels,
-                [lv["parent"] for lv in result.levels], np.asarray(train_mask, dtype=bool), result.similarity,
-                int(self.selection_target), strategy=self.selection_strategy, seed=self.seed)
         return result
 
 
-def similarity_to(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray, batch: int) -> np.ndarray:
-    """float32[N]: inner product of each embedding with its assigned centroid, streamed in batches."""
+def _similarity(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray, batch: int) -> np.ndarray:
+    """float32[N]: cosine similarity of each embedding to its assigned centroid, streamed in batches."""
     out = np.empty(labels.size, dtype=np.float32)
     for start in range(0, labels.size, batch):
         block = np.asarray(embeddings[start:start + batch], dtype=np.float32)
-        out[start:start + block.shape[0]] = np.einsum("ij,ij->i", block, centroids[labels[start:start + batch]])
+        out[start:start + block.shape[0]] = cosine_to(block, centroids, labels[start:start + batch])
     return out
 
 
-def water_fill(sizes: np.ndarray, target: int, rng: np.random.Generator) -> np.ndarray:
-    """Targets t_c with Σ t_c = min(target, Σ sizes): clusters with s_c <= x are taken whole, the
-    others get x or x+1, where x is the largest cap with Σ min(x, s_c) <= target (Vo et al. §3.2)."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    if target >= sizes.sum():
-        return sizes.copy()
-    lo, hi = 0, int(sizes.max())
-    while lo < hi:  # the largest x with sum(min(x, s)) <= target
-        mid = (lo + hi + 1) // 2
-        if np.minimum(mid, sizes).sum() <= target:
-            lo = mid
-        else:
-            hi = mid - 1
-    out = np.minimum(lo, sizes)
-    rest = int(target - out.sum())
-    if rest:
-        candidates = np.flatnonzero(sizes > lo)
-        out[rng.choice(candidates, rest, replace=False)] += 1
-    return out
-
-
-def balanced_selection(level_labels: list[np.ndarray], num_clusters: list[int], parents: list[np.ndarray],
-                       train_mask: np.ndarray, similarity: np.ndarray, target: int, *, strategy: str = "random",
-                       seed: int = 0) -> np.ndarray:
-    """Hierarchical balanced sampling to ``target`` training documents (Vo et al. §3.2).
-
-    Args:
-        level_labels: int32[N] labels per level, finest first; num_clusters: K per level.
-        parents: for each coarser level l >= 1, int32[K_{l-1}] mapping level l-1 clusters to level l.
-        train_mask: bool[N]; only training documents are selected.
-        similarity: float[N] similarity to the finest centroid (for ``strategy="closest"``).
-        target: documents to keep.
-
-    Returns:
-        bool[N]: the selected documents.
-    """
-    if strategy not in ("random", "closest"):
-        raise CcexpError(f"clusterer.selection.strategy={strategy!r} is not an option; use random or closest")
-    rng = np.random.default_rng(seed)
-    idx = np.flatnonzero(train_mask)
-    sizes = [np.bincount(lab[idx], minlength=k) for lab, k in zip(level_labels, num_clusters)]
-    top = len(level_labels) - 1
-    quota = water_fill(sizes[top], target, rng)
-    for level in range(top, 0, -1):  # push each cluster's quota down to its children
-        parent = parents[level - 1]
-        child_quota = np.zeros(parent.size, dtype=np.int64)
-        for c in np.flatnonzero(quota):  # a loop over clusters, not documents
-            kids = np.flatnonzero(parent == c)
-            child_quota[kids] = water_fill(sizes[level - 1][kids], int(quota[c]), rng)
-        quota = child_quota
-    picked = closest_per_cluster(level_labels[0][idx], np.asarray(similarity)[idx], quota.size, quota,
-                                 rng if strategy == "random" else None)
-    selected = np.zeros(train_mask.size, dtype=bool)
-    selected[idx[picked]] = True
-    return selected

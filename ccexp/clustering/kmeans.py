@@ -10,7 +10,7 @@ memory-mapped embeddings (float16 or float32 on disk), on the GPU when FAISS has
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,21 +20,67 @@ log = logging.getLogger("ccexp")
 
 
 @dataclass
-class Clustering:
-    """labels int32[N] (all documents), centroids float32[K, d], sizes int64[K] (training documents
-    per cluster), similarity float32[N] (cosine similarity to the assigned centroid), the number of
-    points that trained the centroids, and — for hierarchical clusterings — one entry per coarser
-    level in ``levels`` (dicts with ``labels``, ``centroids``, ``sizes``, ``similarity``, ``parent``
-    int32[K_finer] mapping the finer level's clusters to this level's)."""
+class Level:
+    """One level of a clustering.
+
+    Attributes:
+        labels: int32[N] cluster of every document (training and held-out).
+        centroids: float32[K, d].
+        sizes: int64[K] training documents per cluster.
+        similarity: float32[N] cosine similarity of each document to its cluster's centroid — higher
+            is closer, whatever metric the k-means used.
+        parent: int32[K_finer] cluster of this level that each cluster of the next finer level
+            belongs to (None for the finest level).
+    """
 
     labels: np.ndarray
     centroids: np.ndarray
     sizes: np.ndarray
     similarity: np.ndarray
+    parent: np.ndarray | None = None
+
+    @property
+    def k(self) -> int:
+        return int(self.sizes.size)
+
+
+@dataclass
+class Clustering:
+    """A flat or hierarchical clustering: ``levels[0]`` is the finest level, each later one coarser
+    (its ``parent`` maps the previous level's clusters to its own); ``train_points`` trained the
+    finest centroids, reaching ``objective``."""
+
+    levels: list[Level]
     train_points: int
     objective: float
-    levels: list[dict] = field(default_factory=list)
-    selected: np.ndarray | None = None  # bool[N], training documents kept by a curation step
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int32[N]: the finest level's labels (likewise ``centroids``, ``sizes``, ``similarity``)."""
+        return self.levels[0].labels
+
+    @property
+    def centroids(self) -> np.ndarray:
+        return self.levels[0].centroids
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.levels[0].sizes
+
+    @property
+    def similarity(self) -> np.ndarray:
+        return self.levels[0].similarity
+
+    def level(self, level: int) -> Level:
+        """The clustering at ``level`` (0 = finest).
+
+        Raises:
+            CcexpError: if there is no such level.
+        """
+        if not 0 <= level < len(self.levels):
+            raise CcexpError(f"sampler.level={level} but the clustering has {len(self.levels)} level(s) "
+                             f"({[lv.k for lv in self.levels]}); use a level in 0..{len(self.levels) - 1}")
+        return self.levels[level]
 
 
 def use_gpu(device: str) -> bool:
@@ -64,10 +110,26 @@ def train_centroids(x: np.ndarray, k: int, *, niter: int, seed: int, spherical: 
     return km.centroids.astype(np.float32), float(km.obj[-1]) if len(km.obj) else float("nan")
 
 
+def cosine_to(block: np.ndarray, centroids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """float32[n]: cosine similarity of each row of ``block`` (float[n, d]) to ``centroids[labels]``."""
+    c = centroids[labels]
+    dots = np.einsum("ij,ij->i", block, c)
+    norms = np.linalg.norm(block, axis=1) * np.linalg.norm(c, axis=1)
+    return (dots / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
 def assign(x: np.ndarray, centroids: np.ndarray, *, spherical: bool = True, batch: int = 65536,
            gpu: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centroid of every row of ``x`` (streamed in ``batch`` rows, any float dtype, may be a
-    memory map): labels int32[n] and score float32[n] (inner product, or squared L2 distance)."""
+    memory map) by inner product (``spherical``) or L2 distance.
+
+    Returns:
+        labels int32[n] and similarity float32[n]: the cosine similarity to the assigned centroid,
+        higher = closer for either metric (for unit-norm rows the order inside a cluster is the L2 order).
+
+    Raises:
+        CcexpError: if a row is not finite.
+    """
     import faiss
 
     index = faiss.IndexFlatIP(centroids.shape[1]) if spherical else faiss.IndexFlatL2(centroids.shape[1])
@@ -81,9 +143,9 @@ def assign(x: np.ndarray, centroids: np.ndarray, *, spherical: bool = True, batc
         block = np.ascontiguousarray(x[start:start + batch], dtype=np.float32)
         if not np.isfinite(block).all():
             raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
-        dist, idx = index.search(block, 1)
+        _, idx = index.search(block, 1)
         labels[start:start + block.shape[0]] = idx[:, 0]
-        score[start:start + block.shape[0]] = dist[:, 0]
+        score[start:start + block.shape[0]] = cosine_to(block, centroids, idx[:, 0])
     return labels, score
 
 
@@ -143,6 +205,6 @@ class FaissKMeans:
                                                verbose=self.verbose)
         log.info("cluster: k-means trained on %d of %d training documents (K=%d, %d iterations%s)",
                  sample.size, train_idx.size, self.k, self.niter, ", GPU" if gpu else "")
-        labels, score = assign(embeddings, centroids, spherical=self.spherical, batch=self.assign_batch, gpu=gpu)
+        labels, similarity = assign(embeddings, centroids, spherical=self.spherical, batch=self.assign_batch, gpu=gpu)
         sizes = np.bincount(labels[train_idx], minlength=self.k).astype(np.int64)
-        return Clustering(labels, centroids, sizes, score, int(sample.size), objective)
+        return Clustering([Level(labels, centroids, sizes, similarity)], int(sample.size), objective)

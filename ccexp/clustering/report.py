@@ -6,7 +6,7 @@ each cluster contains — so a person can see what the sampler is balancing.
 * agreement with a label (e.g. ``domain``), via scikit-learn: normalised mutual information,
   adjusted Rand index, purity (share of documents in their cluster's majority label);
 * ``sizes.png``: the size histogram on log axes; ``clusters.md`` / ``clusters.html``: per cluster its
-  size, majority label and the documents nearest to the centroid.
+  size, majority label and the documents nearest to the centroid (highest cosine similarity).
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import html
 from pathlib import Path
 
 import numpy as np
+
+from ccexp.clustering.selection import closest_per_cluster
 
 
 def imbalance(sizes: np.ndarray) -> dict[str, float]:
@@ -38,10 +40,25 @@ def agreement(labels: np.ndarray, values: list[str]) -> dict[str, float]:
             "purity": float(table.max(axis=1).sum() / labels.size)}
 
 
+def nearest_documents(labels: np.ndarray, similarity: np.ndarray, train_mask: np.ndarray, k: int,
+                      per: int) -> list[np.ndarray]:
+    """For each of the ``k`` clusters, its ``per`` training documents nearest the centroid (highest
+    cosine similarity first), as corpus indices."""
+    train_idx = np.flatnonzero(train_mask)
+    picked = train_idx[closest_per_cluster(labels[train_idx], similarity[train_idx], k, per)]
+    return np.split(picked, np.cumsum(np.bincount(labels[picked], minlength=k))[:-1])
+
+
 def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray, similarity: np.ndarray,
                          texts: list[str], label_values: dict[str, list[str]], train_mask: np.ndarray,
                          samples_per_cluster: int = 3, max_clusters: int = 200, chars: int = 160) -> dict[str, float]:
-    """Write the report files into ``out_dir``; return the metrics (``cluster/*`` names without prefix)."""
+    """Write the report files into ``out_dir``; return the metrics (``cluster/*`` names without prefix).
+
+    Args:
+        labels: int32[N]; sizes: int64[K] training documents per cluster; similarity: float32[N] cosine
+            similarity to the centroid; texts: the N documents; label_values: name -> N values;
+            train_mask: bool[N].
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,14 +85,12 @@ def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray
     fig.savefig(out_dir / "sizes.png", dpi=110)
     plt.close(fig)
 
-    order = np.lexsort((-similarity[train_idx], labels[train_idx]))
-    ranked = train_idx[order]
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    nearest = nearest_documents(labels, similarity, train_mask, int(sizes.size), samples_per_cluster)
     rows = []
     for c in np.argsort(-sizes, kind="stable")[:max_clusters]:
         if sizes[c] == 0:
             continue
-        docs = ranked[starts[c]:starts[c] + min(samples_per_cluster, sizes[c])]
+        docs = nearest[c]
         samples = [" ".join(texts[d].split())[:chars] for d in docs]
         tags = [f"{name}: {u[a[c]]} ({m[c] / sizes[c]:.0%})" for name, (u, a, m) in majority.items()]
         rows.append((int(c), int(sizes[c]), "; ".join(tags), samples))

@@ -50,6 +50,9 @@ class SentenceEmbedder:
 
     def __init__(self, model: str = "minilm", batch_size: int = 64, max_seq_length: int = 256,
                  device: str = "auto", shard_size: int = 2048):
+        for key, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length), ("shard_size", shard_size)):
+            if int(value) < 1:
+                raise CcexpError(f"embedder.{key}={value} is out of range; it must be >= 1")
         self.model_path = resolve_model_path(model)
         self.batch_size = int(batch_size)
         self.max_seq_length = int(max_seq_length)
@@ -85,10 +88,14 @@ class SentenceEmbedder:
                                   show_progress_bar=False, **({"device": devices} if devices else {}))
 
     def embed(self, texts: list[str], out_path: Path, work_dir: Path | None = None, *, rank: int = 0,
-              world_size: int = 1) -> np.ndarray | None:
+              world_size: int = 1) -> tuple[np.ndarray | None, dict[str, list[int]]]:
         """Embed ``texts`` shard by shard into ``work_dir`` (resuming finished shards), then — on rank 0,
         once every rank's shards are done — assemble float16[N, d] L2-normalised embeddings at
-        ``out_path`` and return them memory-mapped (other ranks return None).
+        ``out_path``.
+
+        Returns:
+            the embeddings memory-mapped (None on other ranks) and ``{"embedded": [...], "skipped":
+            [...]}``, the shards embedded now and those found done.
 
         Raises:
             CcexpError: if the model cannot be loaded or yields a non-finite embedding.
@@ -96,9 +103,8 @@ class SentenceEmbedder:
         from ccexp.embedding.shards import assemble, embed_shards, wait_for_shards
 
         work_dir = Path(work_dir or Path(out_path).parent / "shards")
-        self.last_stats = embed_shards(self.encode, texts, work_dir, shard_size=self.shard_size, rank=rank,
-                                       world_size=world_size)
+        stats = embed_shards(self.encode, texts, work_dir, shard_size=self.shard_size, rank=rank, world_size=world_size)
         if rank != 0:
-            return None
+            return None, stats
         wait_for_shards(work_dir, -(-len(texts) // self.shard_size))
-        return assemble(work_dir, len(texts), self.shard_size, Path(out_path))
+        return assemble(work_dir, len(texts), self.shard_size, Path(out_path)), stats
