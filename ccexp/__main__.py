@@ -16,13 +16,12 @@ from omegaconf import DictConfig
 from ccexp.config import register
 from ccexp.errors import CcexpError
 
-CONFIG_DIR = next(p for p in (Path(__file__).resolve().parent.parent / "conf", Path(__file__).resolve().parent / "conf")
-                  if p.is_dir())
+CONFIG_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package (pkg://ccexp.conf)
 log = logging.getLogger("ccexp")
 register()
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://ccexp.conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     from omegaconf.errors import MissingMandatoryValue
 

@@ -9,8 +9,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ccexp.errors import CcexpError
 
-# keys that describe an option but are not constructor arguments
-_META_KEYS = ("name", "tokenizer", "level")
+# keys that describe an option but are not constructor arguments: its name, the tokenizer a model
+# option carries, the level a sampler balances at, the held-out split a corpus option carries, and
+# the CPU threads a trainer option sets
+_META_KEYS = ("name", "tokenizer", "level", "heldout_fraction", "threads")
 
 
 def build(node: DictConfig, group: str, **runtime: Any) -> Any:

@@ -1,8 +1,12 @@
-"""Config schemas (dataclasses) registered in Hydra's ConfigStore.
+"""Config schemas (dataclasses) registered in Hydra's ConfigStore: the one place where every setting,
+its default and its range are written.
 
 Every config group option lists its schema first in its defaults list (``/schema/<group>/<name>``),
-so a misspelt key or a wrong type fails at compose time naming the key. The root schema makes the
-top level strict as well.
+so a misspelt key or a wrong type fails at compose time naming the key; the YAML options under
+``ccexp/conf/`` set only what differs from the schema. A field's lower bound sits next to it
+(``ge(low, default)``) and :func:`ccexp.preflight.preflight` checks it before any work; values that
+only a component can judge (a sampler's options, a clusterer's levels) are checked by its
+constructor, which pre-flight calls on a stand-in.
 """
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from ccexp.errors import CcexpError
+
+
+def ge(low: float, default: Any = MISSING, **kw) -> Any:
+    """A field whose value must be ``>= low`` (None passes for Optional fields), checked by pre-flight."""
+    return field(default=default, metadata={"min": low}, **kw)
 
 
 @dataclass
@@ -83,34 +92,35 @@ GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000  # optimizer steps
-    tokens_per_step: int = 2048  # target tokens per optimizer step, all ranks together (a multiple of seq_len)
-    micro_batch_size: int = 16  # rows of seq_len tokens per forward pass per rank: what sets peak memory
+    steps: int = ge(1, 1000)  # optimizer steps
+    tokens_per_step: int = ge(1, 2048)  # target tokens per optimizer step, all ranks together (a multiple of seq_len)
+    micro_batch_size: int = ge(1, 16)  # rows of seq_len tokens per forward pass per rank: what sets peak memory
     # derived: micro-batches per optimizer step per rank = tokens_per_step / (seq_len · micro_batch_size · world size)
     grad_accumulation: int = GRAD_ACCUMULATION  # type: ignore[assignment]
-    seq_len: int = 128  # input tokens per row
-    max_doc_tokens: Optional[int] = None  # cap on the tokens taken from one document (cut tokens are counted)
+    seq_len: int = ge(2, 128)  # input tokens per row
+    max_doc_tokens: Optional[int] = ge(1, None)  # cap on the tokens taken from one document (cut tokens are counted)
     document_mask: bool = False  # attend only within each document (per-document position ids)
     lr: float = 2e-3
     weight_decay: float = 0.1
-    warmup_steps: int = 20
-    log_every_n_steps: int = 10
+    warmup_steps: int = ge(0, 20)
+    log_every_n_steps: int = ge(1, 10)
     resume_from: Optional[str] = None  # a Lightning checkpoint (e.g. <run>/checkpoints/last.ckpt) to resume
-    checkpoint_every_n_steps: Optional[int] = None  # also keep checkpoints/step-N.ckpt every N steps
+    checkpoint_every_n_steps: Optional[int] = ge(1, None)  # also keep checkpoints/step-N.ckpt every N steps
     record_batches: bool = False  # save each rank's trained documents per step to <run>/batches/
 
 
 @dataclass
 class DataConfig:
+    _target_: str = "ccexp.data.corpus.read_corpus"
     name: str = MISSING
-    path: str = MISSING
+    path: str = MISSING  # a .jsonl(.gz) / .parquet file, or "builtin"
     format: str = "auto"  # auto | jsonl | parquet
     text_field: str = "text"
     id_field: Optional[str] = "id"
     label_fields: list[str] = field(default_factory=list)
     drop_empty: bool = True
-    max_documents: Optional[int] = None
-    heldout_fraction: float = 0.05
+    max_documents: Optional[int] = ge(1, None)
+    heldout_fraction: float = 0.05  # in (0, 1): documents held out by a hash of their id
 
 
 @dataclass
@@ -118,20 +128,20 @@ class EmbedderConfig:
     _target_: str = "ccexp.embedding.sentence.SentenceEmbedder"
     name: str = MISSING
     model: str = MISSING
-    batch_size: int = 64
-    max_seq_length: int = 256
+    batch_size: int = ge(1, 64)
+    max_seq_length: int = ge(1, 256)
     device: str = "auto"
-    shard_size: int = 2048  # documents per shard: the unit of progress, resume and rank assignment
+    shard_size: int = ge(1, 2048)  # documents per shard: the unit of progress, resume and rank assignment
 
 
 @dataclass
 class KMeansConfig:
     _target_: str = "ccexp.clustering.kmeans.FaissKMeans"
     name: str = "kmeans"
-    k: int = 32
-    niter: int = 20
+    k: int = ge(1, 32)
+    niter: int = ge(1, 20)
     seed: int = "${seed}"  # type: ignore[assignment]
-    max_points_per_centroid: int = 256
+    max_points_per_centroid: int = ge(1, 256)
     spherical: bool = True
     nredo: int = 1
     assign_batch: int = 65536
@@ -144,18 +154,25 @@ class HierarchicalConfig:
     _target_: str = "ccexp.clustering.hierarchical.HierarchicalKMeans"
     name: str = "hierarchical"
     levels: list[int] = field(default_factory=lambda: [128, 32, 8])  # finest first
-    niter: int = 20
+    niter: int = ge(1, 20)
     seed: int = "${seed}"  # type: ignore[assignment]
     resampling_steps: Any = 0  # per level, or one value
     sample_size: Any = 10  # points per cluster in a resampling step, per level or one value
     sampling: str = "closest"  # closest | random
-    max_points_per_centroid: int = 256
+    max_points_per_centroid: int = ge(1, 256)
     spherical: bool = True
     assign_batch: int = 65536
     device: str = "auto"
     verbose: bool = False
-    selection_target: Optional[int] = None  # keep this many training documents (balanced hierarchical sampling)
-    selection_strategy: str = "random"  # random | closest
+
+
+@dataclass
+class SelectionConfig:
+    """Balanced selection (Vo et al. 2024 §3.2): keep ``target`` training documents, water-filled over
+    the clustering's levels from the coarsest down (:mod:`ccexp.clustering.selection`); null = keep all."""
+
+    target: Optional[int] = ge(1, None)
+    strategy: str = "random"  # random | closest (to the finest centroid)
 
 
 @dataclass
@@ -166,7 +183,18 @@ class SamplerConfig:
 
 
 @dataclass
+class RandomConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.RandomSampler"
+
+
+@dataclass
+class UniformConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.UniformSampler"
+
+
+@dataclass
 class ClusterClipConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.ClusterClipSampler"
     clip_threshold: int = 5
     after_clip: str = "uniform"  # uniform | proportional
     on_exhausted: str = "error"  # error | reset
@@ -174,6 +202,7 @@ class ClusterClipConfig(SamplerConfig):
 
 @dataclass
 class DynamicConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.DynamicSampler"
     rule: str = "odm"  # odm | doremi
     update_every: int = 10
     warmup_steps: int = 50
@@ -187,6 +216,7 @@ class DynamicConfig(SamplerConfig):
 
 @dataclass
 class ClusterDPConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.ClusterDPSampler"
     ratio: float = 1.0
     keep: str = "farthest"  # farthest | closest | random
     layout: str = "blocked"  # blocked | interleaved
@@ -195,7 +225,7 @@ class ClusterDPConfig(SamplerConfig):
 @dataclass
 class TokenizerConfig:
     kind: str = "bpe"  # bpe (trained locally) | pretrained (from model.pretrained)
-    vocab_size: int = 4096
+    vocab_size: int = ge(300, 4096)  # a byte-level BPE needs its 256 bytes and merges
     path: Optional[str] = None
 
 
@@ -223,14 +253,15 @@ class HFCausalLMConfig:
 
 @dataclass
 class TrainerConfig:
+    _target_: str = "lightning.pytorch.Trainer"
     name: str = MISSING
     accelerator: str = "cpu"
     devices: Any = 1
-    num_nodes: int = 1
+    num_nodes: int = ge(1, 1)
     strategy: str = "auto"
     precision: str = "32-true"
     gradient_clip_val: Optional[float] = 1.0
-    threads: Optional[int] = None  # torch.set_num_threads on CPU; None = torch's default
+    threads: Optional[int] = ge(1, None)  # torch.set_num_threads on CPU; None = torch's default
     enable_progress_bar: bool = True
 
 
@@ -257,12 +288,12 @@ class LmEvalConfig:
 @dataclass
 class EvalConfig:
     name: str = MISSING
-    max_tokens: int = 256  # tokens scored per held-out document
-    batch_size: int = 32
-    max_cluster_metrics: int = 256  # per-cluster metrics go to MLflow when K <= this (CSV always)
-    min_cluster_docs: int = 5  # ppl_worst considers clusters with at least this many held-out documents
-    every_n_steps: Optional[int] = 100  # score a fixed held-out sample every N optimizer steps (curve/*); null = off
-    curve_documents: int = 128  # size of that sample (the same documents for every run of a corpus)
+    max_tokens: int = ge(1, 256)  # tokens scored per held-out document
+    batch_size: int = ge(1, 32)
+    max_cluster_metrics: int = ge(0, 256)  # per-cluster metrics go to MLflow when K <= this (CSV always)
+    min_cluster_docs: int = ge(1, 5)  # ppl_worst considers clusters with at least this many held-out documents
+    every_n_steps: Optional[int] = ge(1, 100)  # score a fixed held-out sample every N optimizer steps (curve/*); null = off
+    curve_documents: int = ge(1, 128)  # size of that sample (the same documents for every run of a corpus)
     balance_report: bool = True  # plots + Markdown of the corpus vs trained cluster mix
     lm_eval: Optional[LmEvalConfig] = None
 
@@ -277,21 +308,41 @@ class RootConfig:
     trainer: Any = MISSING
     logger: Any = MISSING
     eval: Any = MISSING
-    seed: int = 0
+    seed: int = 0  # in [0, 2**32)
     recipe_name: Optional[str] = None
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+# (group, schema name, dataclass): every config group option names one of these in its defaults list
+GROUP_SCHEMAS = [
+    ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig), ("clusterer", "kmeans", KMeansConfig),
+    ("clusterer", "hierarchical", HierarchicalConfig),
+    ("sampler", "random", RandomConfig), ("sampler", "uniform", UniformConfig), ("sampler", "clusterclip", ClusterClipConfig),
+    ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),
+    ("model", "tiny_gpt", TinyGPTConfig), ("model", "hf_causal_lm", HFCausalLMConfig),
+    ("trainer", "trainer", TrainerConfig), ("logger", "logger", LoggerConfig), ("eval", "eval", EvalConfig),
+]
+
+
+def schema_for(group: str, target: Any) -> type | None:
+    """The schema of a composed ``group`` node: the one whose ``_target_`` default is ``target``, else
+    the group's schema without a fixed target (e.g. ``random`` and ``uniform`` share SamplerConfig)."""
+    import dataclasses
+
+    def default_target(cls: type) -> Any:
+        f = {x.name: x for x in dataclasses.fields(cls)}.get("_target_")
+        return None if f is None else f.default
+
+    options = [cls for g, _, cls in GROUP_SCHEMAS if g == group]
+    exact = [cls for cls in options if default_target(cls) == target]
+    generic = [cls for cls in options if default_target(cls) in (MISSING, None)]
+    return (exact or generic or [None])[0]
 
 
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="root_schema", node=RootConfig)
-    for group, name, node in [
-        ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig), ("clusterer", "kmeans", KMeansConfig),
-        ("clusterer", "hierarchical", HierarchicalConfig),
-        ("sampler", "sampler", SamplerConfig), ("sampler", "clusterclip", ClusterClipConfig),
-        ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),
-        ("model", "tiny_gpt", TinyGPTConfig), ("model", "hf_causal_lm", HFCausalLMConfig),
-        ("trainer", "trainer", TrainerConfig), ("logger", "logger", LoggerConfig), ("eval", "eval", EvalConfig),
-    ]:
+    for group, name, node in GROUP_SCHEMAS:
         cs.store(group=f"schema/{group}", name=name, node=node)
