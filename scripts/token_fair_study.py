@@ -124,7 +124,7 @@ def main() -> None:
 
     from mlflow import MlflowClient
 
-    from ccexp.report import collect, latest_sweep, write_report
+    from ccexp.tracking.report import collect, latest_sweep, write_report
 
     client = MlflowClient(f"sqlite:///{(args.outputs / 'mlflow.db').resolve()}")
     parent = latest_sweep(client, EXPERIMENT)

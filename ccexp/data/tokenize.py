@@ -3,6 +3,7 @@ corpus tokenization into a flat token array with offsets."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -12,6 +13,20 @@ from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
 EOS = "<|endoftext|>"
+
+
+@dataclass
+class TokenizedCorpus:
+    """tokens: int32[T] (memory-mapped); offsets: int64[N+1] (document d is
+    ``tokens[offsets[d]:offsets[d+1]]``); tokenizer: the Hugging Face tokenizer."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    tokenizer: object
+
+    def lengths(self, docs: np.ndarray) -> np.ndarray:
+        """int64[n]: tokens of each document in ``docs``."""
+        return self.offsets[docs + 1] - self.offsets[docs]
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path):

@@ -107,3 +107,49 @@ def _save(fig, path: Path) -> Path:
 
     plt.close(fig)
     return path
+
+
+def write_cluster_table(path: Path, *, sizes: np.ndarray, exposure: np.ndarray, loss_sum: np.ndarray,
+                        loss_tokens: np.ndarray, per_cluster: dict[str, np.ndarray]) -> Path:
+    """``clusters.csv``, one row per cluster: ``train_size`` (training documents), ``exposure``
+    (documents drawn), ``train_tokens`` / ``train_loss_mean`` (tokens trained on, their mean loss in
+    nats), ``heldout_docs``, ``heldout_tokens``, ``heldout_ppl``."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["cluster", "train_size", "exposure", "train_tokens", "train_loss_mean", "heldout_docs",
+                    "heldout_tokens", "heldout_ppl"])
+        for c in range(int(sizes.size)):
+            w.writerow([c, int(sizes[c]), int(exposure[c]), int(loss_tokens[c]),
+                        f"{loss_sum[c] / loss_tokens[c]:.5f}" if loss_tokens[c] else "",
+                        int(per_cluster["documents"][c]), int(per_cluster["tokens"][c]),
+                        f"{per_cluster['ppl'][c]:.4f}" if per_cluster["tokens"][c] else ""])
+    return path
+
+
+def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, result) -> list[tuple[Path, str | None]]:
+    """The run's files: ``resolved_config.yaml``, ``tables/clusters.csv`` and (``eval.balance_report``)
+    the balance report under ``balance/``. Returns (path, MLflow artifact folder) pairs.
+
+    Args:
+        fit: the :class:`~ccexp.training.runner.FitResult`; result: the
+            :class:`~ccexp.evaluation.heldout.EvalResult`.
+    """
+    from omegaconf import OmegaConf
+
+    sampler, module = fit.stream.sampler, fit.module
+    OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
+    table = write_cluster_table(run_dir / "tables" / "clusters.csv", sizes=sizes, exposure=sampler.exposure(),
+                                loss_sum=module.cluster_loss_sum.cpu().numpy(),
+                                loss_tokens=module.cluster_tokens.cpu().numpy(), per_cluster=result.per_cluster)
+    files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
+    if cfg.eval.balance_report:
+        tel = fit.telemetry
+        files += [(p, "balance") for p in write_balance_report(
+            run_dir / "balance", name=name, sizes=sizes, exposure=sampler.exposure(),
+            history_steps=np.array(tel.history_steps), history=np.array(tel.history),
+            repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
+            heldout_docs=result.per_cluster["documents"], metrics=result.metrics)]
+    return files

@@ -20,8 +20,23 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from ccexp.training.module import token_losses
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token cross-entropy per position.
+
+    Args:
+        logits: float[R, L, V]; labels: int64[R, L] with -100 where no loss is taken.
+
+    Returns:
+        ``loss`` float32[R, L-1] (nats, 0 where ignored) and ``mask`` bool[R, L-1].
+    """
+    target = labels[:, 1:]
+    mask = target != -100
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100,
+                           reduction="none").view_as(target)
+    return loss, mask
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""MLflow tracking on a SQLite store (never the deprecated file store).
+"""MLflow tracking on a SQLite store (never the deprecated file store), owned by one :class:`RunRecord`.
 
 The store is ``<outputs>/mlflow.db`` and artifacts go to ``<outputs>/mlartifacts`` by default, both
 absolute, so runs launched from any folder land in one place and compare in one UI
@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("ccexp")
+PARENT_ENV = "CCEXP_PARENT_RUN_ID"  # set by a sweep's parent run (ccexp.tracking.sweep) for its jobs
 
 
 def tracking_uri(uri: str | None, outputs: Path) -> str:
@@ -54,7 +55,7 @@ def run_name(cfg: DictConfig) -> str:
     container.pop("paths", None)
     container.get("train", {}).pop("resume_from", None)
     digest = hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:4]
-    from ccexp.validate import cluster_count
+    from ccexp.preflight import cluster_count
 
     level = f"l{cfg.sampler.level}" if cfg.sampler.level else ""
     return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cluster_count(cfg)}{level}-s{cfg.seed}-{digest}"
@@ -68,27 +69,75 @@ def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
     return exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifacts.as_uri())
 
 
-def make_logger(cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = None):
-    """Lightning's ``MLFlowLogger`` on the configured store, or None when ``logger.enabled`` is false."""
-    if not cfg.logger.enabled:
-        return None
-    from lightning.pytorch.loggers import MLFlowLogger
+class RunRecord:
+    """The MLflow run of one ccexp run, owned end to end through MLflow's public client: created with
+    the flattened config as params (nested under the sweep's parent run in a multirun), handed to
+    Lightning as its logger, given the stages' figures and the results, and closed — FINISHED, or
+    FAILED when anything inside the ``with`` block raises. With ``logger.enabled=false`` every call
+    is a no-op.
 
-    uri = tracking_uri(cfg.logger.tracking_uri, outputs)
-    artifacts = Path(cfg.logger.artifact_location or outputs / "mlartifacts").resolve()
-    artifacts.mkdir(parents=True, exist_ok=True)
-    os.environ.pop("MLFLOW_RUN_ID", None)  # a stale id in the environment would hijack the run
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
-    from mlflow import MlflowClient
+    Args:
+        cfg: the run's config; outputs: the absolute ``paths.outputs``; tags: extra run tags.
+    """
 
-    ensure_experiment(MlflowClient(uri), cfg.logger.experiment, artifacts)
-    from ccexp.tracking.sweep import PARENT_ENV
+    def __init__(self, cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = None):
+        self.cfg, self.name = cfg, run_name(cfg)
+        self.logger = None  # Lightning's MLFlowLogger, or None when disabled
+        if not cfg.logger.enabled:
+            return
+        from lightning.pytorch.loggers import MLFlowLogger
+        from mlflow import MlflowClient
 
-    tags = dict(tags or {})
-    if os.environ.get(PARENT_ENV):
-        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
-    return MLFlowLogger(experiment_name=cfg.logger.experiment, run_name=run_name(cfg), tracking_uri=uri,
-                        artifact_location=artifacts.as_uri(), tags=tags, log_model=False)
+        self.uri = tracking_uri(cfg.logger.tracking_uri, outputs)
+        artifacts = Path(cfg.logger.artifact_location or outputs / "mlartifacts").resolve()
+        os.environ.pop("MLFLOW_RUN_ID", None)  # a stale id in the environment would hijack the run
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
+        self.client = MlflowClient(self.uri)
+        ensure_experiment(self.client, cfg.logger.experiment, artifacts)
+        tags = dict(tags or {})
+        if os.environ.get(PARENT_ENV):
+            tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+        self.logger = MLFlowLogger(experiment_name=cfg.logger.experiment, run_name=self.name, tracking_uri=self.uri,
+                                   artifact_location=artifacts.as_uri(), tags=tags, log_model=False)
+
+    def __enter__(self) -> "RunRecord":
+        if self.logger is not None:
+            self.logger.log_hyperparams(flatten(self.cfg))
+            log.info("mlflow: run %r (%s) in %s", self.name, self.logger.run_id, self.uri)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and self.logger is not None:
+            # Lightning marks the run FINISHED after fit; an error after that must show
+            self.client.set_terminated(self.logger.run_id, "FAILED")
+        return False
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Log metrics (names made MLflow-safe by :func:`metric_keys`) at ``step``."""
+        if self.logger is not None:
+            self.logger.log_metrics(metric_keys(metrics), step=step)
+
+    def log_artifacts(self, paths: list[Path], artifact_dir: str | None = None) -> None:
+        if self.logger is not None:
+            for path in paths:
+                self.client.log_artifact(self.logger.run_id, str(path), artifact_dir)
+
+    def log_stages(self, results: dict, cluster_report: tuple[dict[str, float], list[Path]], step: int) -> None:
+        """The cached stages' times (``time/<stage>_seconds``), reuse (``cache/<stage>_reused``) and
+        fingerprints (a tag), and the cluster report (``cluster/*`` metrics, ``clusters/`` files)."""
+        if self.logger is None:
+            return
+        metrics = {f"time/{name}_seconds": r.seconds for name, r in results.items()}
+        metrics.update({f"cache/{name}_reused": float(r.reused) for name, r in results.items()})
+        metrics.update({f"cluster/{k}": v for k, v in cluster_report[0].items()})
+        self.log_metrics(metrics, step)
+        self.log_artifacts(cluster_report[1], "clusters")
+        self.client.set_tag(self.logger.run_id, "fingerprints",
+                            ",".join(f"{name}={r.fingerprint}" for name, r in results.items()))
+
+    def finish(self) -> None:
+        if self.logger is not None:
+            self.client.set_terminated(self.logger.run_id, "FINISHED")
 
 
 def metric_keys(metrics: dict[str, float]) -> dict[str, float]:

@@ -18,7 +18,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 log = logging.getLogger("ccexp")
-PARENT_ENV = "CCEXP_PARENT_RUN_ID"
 
 
 class MlflowSweepCallback(Callback):
@@ -31,7 +30,7 @@ class MlflowSweepCallback(Callback):
             return
         from mlflow import MlflowClient
 
-        from ccexp.tracking.mlflow_run import ensure_experiment, tracking_uri
+        from ccexp.tracking.mlflow_run import PARENT_ENV, ensure_experiment, tracking_uri
 
         outputs = Path(config.paths.outputs).resolve()
         self.uri = tracking_uri(config.logger.tracking_uri, outputs)
@@ -52,7 +51,8 @@ class MlflowSweepCallback(Callback):
             return
         from mlflow import MlflowClient
 
-        from ccexp.report import write_report
+        from ccexp.tracking.mlflow_run import PARENT_ENV
+        from ccexp.tracking.report import write_report
 
         client = MlflowClient(self.uri)
         try:

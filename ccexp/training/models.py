@@ -7,7 +7,7 @@ from ccexp.errors import CcexpError
 
 
 def tiny_gpt(vocab_size: int, eos_id: int, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
-             n_positions: int = 256, dropout: float = 0.0):
+             n_positions: int = 512, dropout: float = 0.0):
     """A GPT-2 architecture (``transformers.GPT2LMHeadModel``) with random initialisation."""
     from transformers import GPT2Config, GPT2LMHeadModel
 

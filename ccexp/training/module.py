@@ -8,22 +8,6 @@ import torch
 import torch.nn.functional as F
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token cross-entropy per position.
-
-    Args:
-        logits: float[R, L, V]; labels: int64[R, L] with -100 where no loss is taken.
-
-    Returns:
-        ``loss`` float32[R, L-1] (nats, 0 where ignored) and ``mask`` bool[R, L-1].
-    """
-    target = labels[:, 1:]
-    mask = target != -100
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100,
-                           reduction="none").view_as(target)
-    return loss, mask
-
-
 class CausalLMModule(L.LightningModule):
     """Train a causal LM on micro-batches of the global token stream (:mod:`ccexp.data.packing`).
 
@@ -46,9 +30,8 @@ class CausalLMModule(L.LightningModule):
         warmup_steps, total_steps: linear warm-up then cosine decay to 10 % of ``lr``.
     """
 
-    def __init__(self, model: torch.nn.Module, num_clusters: int, *, sampler=None, lr: float = 1e-3,
-                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 20,
-                 total_steps: int = 100):
+    def __init__(self, model: torch.nn.Module, num_clusters: int, *, sampler=None, lr: float, weight_decay: float,
+                 warmup_steps: int, total_steps: int, betas: tuple[float, float] = (0.9, 0.95)):
         super().__init__()
         self.model = model
         self.sampler = sampler

@@ -1,211 +1,133 @@
-"""Train with Lightning and evaluate on the held-out split; log everything to MLflow."""
+"""The training components of a run, each from a builder named after what it builds, and the fit.
+
+:func:`build_sampler`, :func:`build_token_stream`, :func:`build_model`, :func:`build_trainer` turn the
+config and the run's typed artifacts into objects; :func:`fit` trains for ``train.steps`` optimizer
+steps of ``train.tokens_per_step`` tokens and returns a :class:`FitResult`.
+"""
 from __future__ import annotations
 
+import inspect
 import logging
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+from hydra.utils import get_method
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig
 
 from ccexp.build import build
-from ccexp.data.packing import TokenStream
+from ccexp.data.packing import TokenStream, stream_lengths
+from ccexp.data.split import TrainSplit
+from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.sampling import Sampler
+from ccexp.training.callbacks import BatchRecorder, HeldoutCurve, SamplerTelemetry
 from ccexp.training.data import SamplerDataModule
 from ccexp.training.module import CausalLMModule
 
 log = logging.getLogger("ccexp")
 
 
-def _ends_step(trainer, batch, every: int) -> bool:
-    """True after the last micro-batch of an optimizer step that is a multiple of ``every`` (or the last)."""
-    step = trainer.global_step
-    return bool(batch["last_micro"]) and (step % every == 0 or step == trainer.max_steps)
+def build_sampler(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus) -> Sampler:
+    """The configured policy over the training documents, with blocks of about one step's documents
+    and the run's token budget (so a clipping policy can refuse a budget it cannot supply)."""
+    stream_len = stream_lengths(tokenized.lengths(split.train_docs), cfg.train.max_doc_tokens)
+    block = int(np.clip(np.ceil(cfg.train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
+    extra = {}
+    if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
+        extra["similarity"] = split.similarity[split.train_docs]
+    return build(cfg.sampler, "sampler", labels=split.labels[split.train_docs], sizes=split.sizes, block_size=block,
+                 seed=cfg.seed, document_tokens=stream_len,
+                 token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1, **extra)
 
 
-class SamplerTelemetry(Callback):
-    """Log the policy's telemetry (``sampler/*``: cumulative, and ``window_*`` over the last
-    ``every`` steps) every ``every`` optimizer steps, on rank 0; with at most ``max_clusters`` clusters
-    also each cluster's exposure (documents drawn so far, ``sampler/exposure/NNNN``), tokens trained
-    (``sampler/tokens/NNNN``) and, for weighted policies, its weight (``sampler/weight/NNNN``)."""
-
-    def __init__(self, sampler: Sampler, every: int, max_clusters: int = 64):
-        self.sampler, self.every, self.max_clusters = sampler, max(1, int(every)), int(max_clusters)
-        self.last_exposure = sampler.exposure()
-        self.history_steps: list[int] = []  # cumulative exposure at every logged step, for the balance report
-        self.history: list[np.ndarray] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if not (trainer.is_global_zero and _ends_step(trainer, batch, self.every)):
-            return
-        self.history_steps.append(step)
-        self.history.append(self.sampler.exposure())
-        if trainer.logger is None:
-            return
-        metrics = {f"sampler/{k}": v for k, v in self.sampler.telemetry(since=self.last_exposure).items()}
-        self.last_exposure = self.sampler.exposure()
-        if self.sampler.num_clusters <= self.max_clusters:
-            metrics.update({f"sampler/exposure/{c:04d}": float(e) for c, e in enumerate(self.sampler.exposure())})
-            metrics.update({f"sampler/tokens/{c:04d}": float(t) for c, t in enumerate(pl_module.cluster_tokens.tolist())})
-            weights = self.sampler.weights()
-            if weights is not None:
-                metrics.update({f"sampler/weight/{c:04d}": float(w) for c, w in enumerate(weights)})
-        trainer.logger.log_metrics(metrics, step=step)
+def build_token_stream(cfg: DictConfig, sampler: Sampler, split: TrainSplit, tokenized: TokenizedCorpus) -> TokenStream:
+    """The global token stream of ``sampler``'s documents; logs the run's token budget."""
+    t = cfg.train
+    stream = TokenStream(sampler, tokenized.lengths(split.train_docs), seq_len=t.seq_len,
+                         rows_per_step=t.tokens_per_step // t.seq_len, max_doc_tokens=t.max_doc_tokens)
+    budget, split_tokens = t.steps * t.tokens_per_step, int(stream.stream_len.sum())
+    log.info("train: %d steps x %s tokens = %s tokens (%.2f passes over the %s tokens of %s training documents); "
+             "a step is %d rows of %d tokens, %d micro-batch(es) of %d rows per rank", t.steps, f"{t.tokens_per_step:,}",
+             f"{budget:,}", budget / max(1, split_tokens), f"{split_tokens:,}", f"{split.train_docs.size:,}",
+             stream.rows_per_step, t.seq_len, t.grad_accumulation, t.micro_batch_size)
+    return stream
 
 
-class BatchRecorder(Callback):
-    """Save what each rank trained on, micro-batch by micro-batch, to ``<dir>/rank<r>.npz``: ``steps``
-    and ``micro`` int64[n], ``rows`` int64[n, m] (the rows' indices among the step's R rows),
-    ``input_ids`` and ``doc_ids`` int64[n, m, L] (the sampler document of every input token), and
-    ``plan_digest`` int64[n] (a hash of the whole step's plan, which every rank draws), for checking the
-    stream across world sizes and resumes."""
-
-    def __init__(self, out_dir: Path):
-        self.out_dir = Path(out_dir)
-        self.records: dict[str, list] = {k: [] for k in ("steps", "micro", "rows", "input_ids", "doc_ids",
-                                                         "plan_digest")}
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        import hashlib
-
-        for key, name in (("steps", "step"), ("micro", "micro"), ("rows", "rows"), ("input_ids", "input_ids"),
-                          ("doc_ids", "doc_ids")):
-            self.records[key].append(np.asarray(batch[name].cpu() if torch.is_tensor(batch[name]) else batch[name]))
-        plan = trainer.datamodule.plans[int(batch["step"])]
-        digest = hashlib.blake2b(np.concatenate([plan.doc, plan.start, plan.pos]).tobytes(), digest_size=8)
-        self.records["plan_digest"].append(np.frombuffer(digest.digest(), dtype=np.int64)[0])
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        np.savez(self.out_dir / f"rank{trainer.global_rank}.npz", **{k: np.stack(v) for k, v in self.records.items()})
-
-
-class HeldoutCurve(Callback):
-    """Held-out perplexity during training: every ``every`` optimizer steps (and before the first),
-    score a fixed sample of held-out documents and log ``curve/ppl``, ``curve/ppl_macro``,
-    ``curve/ppl_worst`` and ``curve/ppl_<label>/<value>`` with the MLflow step set to the *tokens
-    trained*, so runs of different samplers compare on one axis. Every rank scores the sample (a
-    sharded model needs all of them); rank 0 logs. Plain data only, so it pickles into spawned ranks.
-
-    Args:
-        every: optimizer steps between evaluations.
-        tokens, offsets: the tokenized corpus.
-        docs: int64[n] corpus indices of the sample; clusters: int64[n] their clusters (of K).
-        labels: label name -> n values (e.g. ``domain``), for per-label perplexity.
-        score_args: keyword arguments of :func:`ccexp.evaluation.perplexity.document_nll` (``eos_id``,
-            ``pad_id``, ``max_tokens``, ``batch_size``); min_cluster_docs: for ``ppl_worst``.
-    """
-
-    def __init__(self, every: int, *, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, clusters: np.ndarray,
-                 num_clusters: int, labels: dict[str, list[str]], score_args: dict[str, int], min_cluster_docs: int):
-        self.every, self.tokens, self.offsets, self.docs = int(every), tokens, offsets, np.asarray(docs, dtype=np.int64)
-        self.clusters, self.num_clusters, self.labels = np.asarray(clusters), int(num_clusters), labels
-        self.score_args, self.min_cluster_docs = dict(score_args), int(min_cluster_docs)
-        self.points: list[tuple[int, dict[str, float]]] = []  # (tokens trained, metrics), for plots and tests
-
-    def _evaluate(self, trainer, pl_module) -> None:
-        from ccexp.evaluation.perplexity import document_nll, summarize
-
-        model = pl_module.model
-        was_training = model.training
-        nll, ntok = document_nll(model, self.tokens, self.offsets, self.docs, device=pl_module.device, **self.score_args)
-        model.train(was_training)
-        if not trainer.is_global_zero:
-            return
-        report = summarize(nll, ntok, self.clusters, self.num_clusters, self.labels, min_cluster_docs=self.min_cluster_docs)
-        metrics = {k: v for k, v in report.metrics.items()
-                   if k in ("ppl", "ppl_macro", "ppl_worst") or "/" in k and not k.startswith("ppl_cluster/")}
-        tokens = pl_module.tokens_seen
-        self.points.append((tokens, metrics))
-        log.info("curve: step %d, %s tokens: held-out sample ppl %.2f, macro %.2f, worst %.2f", trainer.global_step,
-                 f"{tokens:,}", metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"])
-        if trainer.logger is not None:
-            from ccexp.tracking.mlflow_run import metric_keys
-
-            trainer.logger.log_metrics(metric_keys({f"curve/{k}": v for k, v in metrics.items()}), step=tokens)
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self._evaluate(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if _ends_step(trainer, batch, self.every):
-            self._evaluate(trainer, pl_module)
+def build_model(cfg: DictConfig, tokenizer) -> torch.nn.Module:
+    return build(cfg.model, "model", vocab_size=len(tokenizer), eos_id=tokenizer.eos_token_id)
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callback]) -> L.Trainer:
-    t = cfg.trainer
-    if t.accelerator == "cpu" and t.threads:
-        torch.set_num_threads(int(t.threads))
+    """``trainer._target_`` (Lightning's Trainer) with the run's steps, accumulation, checkpoints and callbacks."""
+    if cfg.trainer.accelerator == "cpu" and cfg.trainer.threads:
+        torch.set_num_threads(int(cfg.trainer.threads))
     every = cfg.train.checkpoint_every_n_steps
     ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step}", auto_insert_metric_name=False,
                            save_last=True, save_top_k=-1 if every else 0, every_n_train_steps=every or None)
-    return L.Trainer(accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-                     precision=t.precision, max_steps=cfg.train.steps, max_epochs=1, logger=logger if logger else False,
-                     callbacks=[ckpt, *callbacks], use_distributed_sampler=False,
-                     log_every_n_steps=cfg.train.log_every_n_steps, gradient_clip_val=t.gradient_clip_val,
-                     accumulate_grad_batches=cfg.train.grad_accumulation, enable_progress_bar=t.enable_progress_bar,
-                     num_sanity_val_steps=0, default_root_dir=str(run_dir), enable_model_summary=False)
+    return build(cfg.trainer, "trainer", max_steps=cfg.train.steps, max_epochs=1, logger=logger or False,
+                 callbacks=[ckpt, *callbacks], use_distributed_sampler=False, log_every_n_steps=cfg.train.log_every_n_steps,
+                 accumulate_grad_batches=cfg.train.grad_accumulation, num_sanity_val_steps=0,
+                 default_root_dir=str(run_dir), enable_model_summary=False)
 
 
-def block_size(cfg: DictConfig, stream_len: np.ndarray | None) -> int:
-    """Documents per sampler block: about one optimizer step's documents (``tokens_per_step`` over the
-    mean stream length of a document), between 1 and 2**20."""
-    if stream_len is None or not len(stream_len):
-        return 1
-    return int(np.clip(np.ceil(cfg.train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
+def build_curve(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, labels: dict[str, list[str]]):
+    """The held-out curve on a fixed sample of held-out documents (the same for every run on this
+    corpus: drawn with a constant seed, not the run's), or None when ``eval.every_n_steps`` is null."""
+    if not cfg.eval.every_n_steps:
+        return None
+    sample = np.sort(np.random.default_rng(0).permutation(split.heldout_docs)[:cfg.eval.curve_documents])
+    tok = tokenized.tokenizer
+    return HeldoutCurve(cfg.eval.every_n_steps, tokens=tokenized.tokens, offsets=tokenized.offsets, docs=sample,
+                        clusters=split.labels[sample], num_clusters=split.num_clusters,
+                        labels={k: [v[i] for i in sample] for k, v in labels.items()},
+                        score_args=dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                                        max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size),
+                        min_cluster_docs=cfg.eval.min_cluster_docs)
 
 
-def make_sampler(cfg: DictConfig, train_labels: np.ndarray, sizes: np.ndarray,
-                 similarity: np.ndarray | None = None, stream_len: np.ndarray | None = None) -> Sampler:
-    """Build the configured policy over the training documents.
+@dataclass
+class FitResult:
+    """What training left: the module (its model and per-cluster sums), whether this process is rank 0,
+    the seconds it took, the stream (sampler and token counters) and the telemetry history."""
 
-    Args:
-        similarity: float[N_train] cosine similarity to the centroid, given to policies that take it.
-        stream_len: int64[N_train] positions each document occupies in the token stream (tokens after
-            any cap, plus its separator); sizes the blocks and lets clipping policies check the run's
-            token budget up front. None builds a probe (block of 1, no budget).
-    """
-    import inspect
+    module: CausalLMModule
+    is_global_zero: bool
+    seconds: float
+    stream: TokenStream
+    telemetry: SamplerTelemetry
 
-    from hydra.utils import get_method
-
-    extra = {}
-    if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
-        extra["similarity"] = similarity
-    budget = None if stream_len is None else cfg.train.steps * cfg.train.tokens_per_step + 1
-    return build(cfg.sampler, "sampler", labels=train_labels, sizes=sizes, block_size=block_size(cfg, stream_len),
-                 seed=cfg.seed, document_tokens=stream_len, token_budget=budget, **extra)
+    def metrics(self) -> dict[str, float]:
+        """``train/*`` and ``data/*`` figures of the run."""
+        tokens = self.module.tokens_seen
+        return {"train/tokens": float(tokens), "train/tokens_per_s": tokens / self.seconds, "time/train_seconds":
+                self.seconds, "data/truncated_tokens": float(self.stream.truncated_tokens),
+                "data/documents_started": float(self.stream.documents_started)}
 
 
-def make_model(cfg: DictConfig, tok) -> torch.nn.Module:
-    return build(cfg.model, "model", vocab_size=len(tok), eos_id=tok.eos_token_id)
-
-
-def fit(cfg: DictConfig, *, run_dir: Path, logger, stream: TokenStream, model: torch.nn.Module,
-        datamodule_args: dict[str, Any], callbacks: list[Callback] = (),
-        ckpt_path: str | None = None) -> tuple[L.Trainer, CausalLMModule]:
+def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torch.nn.Module,
+        tokenized: TokenizedCorpus, split: TrainSplit, labels: dict[str, list[str]]) -> FitResult:
     """Fit ``model`` for ``train.steps`` optimizer steps of ``train.tokens_per_step`` tokens each, in the
-    order ``stream``'s sampler chooses."""
+    order ``stream``'s sampler chooses (resuming from ``train.resume_from`` when set)."""
+    t0 = time.perf_counter()
     sampler = stream.sampler
-    dm = SamplerDataModule(stream, total_steps=cfg.train.steps, micro_batch_size=cfg.train.micro_batch_size,
-                           grad_accumulation=cfg.train.grad_accumulation, document_mask=cfg.train.document_mask,
-                           **datamodule_args)
+    dm = SamplerDataModule(stream, split.train_docs, tokenized.tokens, tokenized.offsets, total_steps=cfg.train.steps,
+                           micro_batch_size=cfg.train.micro_batch_size, grad_accumulation=cfg.train.grad_accumulation,
+                           eos_id=tokenized.tokenizer.eos_token_id, document_mask=cfg.train.document_mask)
     module = CausalLMModule(model, sampler.num_clusters, sampler=sampler, lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay, warmup_steps=cfg.train.warmup_steps,
                             total_steps=cfg.train.steps)
-    callbacks = [SamplerTelemetry(sampler, cfg.train.log_every_n_steps), *callbacks]
-    if cfg.train.record_batches:
-        callbacks.append(BatchRecorder(run_dir / "batches"))
-    trainer = build_trainer(cfg, run_dir, logger, callbacks)
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    telemetry = SamplerTelemetry(sampler, cfg.train.log_every_n_steps)
+    callbacks = [telemetry, build_curve(cfg, split, tokenized, labels),
+                 BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
+    trainer = build_trainer(cfg, run_dir, logger, [c for c in callbacks if c is not None])
+    trainer.fit(module, datamodule=dm, ckpt_path=cfg.train.resume_from)
     if "spawn" in str(cfg.trainer.strategy):
         # the ranks ran in child processes: take the sampler and stream state of the final checkpoint
-        last = run_dir / "checkpoints" / "last.ckpt"
-        state = torch.load(last, map_location="cpu", weights_only=False)
+        state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
         dm.load_state_dict(state[type(dm).__qualname__])
         module.load_state_dict(state["state_dict"], strict=False)
-    return trainer, module
+    return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry)

@@ -1,0 +1,168 @@
+"""Pre-flight: every check of a composed config, in one call, before any stage runs — so a bad option
+costs seconds, not an embedding pass. Each failure is one :class:`CcexpError` line naming the key and
+the fix.
+
+What is checked where: keys and lower bounds come from the schemas (:mod:`ccexp.config`, the one
+place they are written); a component's own options are checked by its constructor, which
+pre-flight calls on a stand-in (the sampler over K one-document clusters, the clusterer, the
+embedder without loading its model); cross-field rules (the token budget over ranks and
+micro-batches, the model's context against ``seq_len``, a GPU for a GPU trainer) are here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from ccexp import config as schemas
+from ccexp.build import build, check_buildable
+from ccexp.errors import CcexpError
+
+_PRECISIONS = {"64", "64-true", "32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
+               "transformer-engine", "transformer-engine-float16"}
+_GROUPS_WITH_TARGETS = ("data", "embedder", "clusterer", "sampler", "model", "trainer")
+_GROUPS = {group for group, _, _ in schemas.GROUP_SCHEMAS}
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Raise :class:`CcexpError` for the first invalid setting in ``cfg``."""
+    _check_keys_and_bounds(cfg, schemas.RootConfig, "")
+    if not 0 <= cfg.seed < 2**32:
+        raise CcexpError(f"seed={cfg.seed} is out of range; use an integer in [0, 2**32)")
+    if not cfg.train.lr > 0:
+        raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
+    if not 0.0 < cfg.data.heldout_fraction < 1.0:
+        raise CcexpError(f"data.heldout_fraction={cfg.data.heldout_fraction} must be in (0, 1)")
+    if cfg.selection.strategy not in ("random", "closest"):
+        raise CcexpError(f"selection.strategy={cfg.selection.strategy!r} is not an option; use random or closest")
+    for group in _GROUPS_WITH_TARGETS:
+        check_buildable(cfg[group], group)
+    _check_trainer(cfg)
+    _check_token_budget(cfg)
+    _check_model(cfg)
+    _check_components(cfg)
+    out = Path(cfg.paths.outputs).expanduser()
+    if out.exists() and not out.is_dir():
+        raise CcexpError(f"paths.outputs={str(out)!r} is a file; give a folder for ccexp's outputs")
+
+
+def _check_keys_and_bounds(node: DictConfig, schema: type, prefix: str) -> None:
+    """Unknown keys and the ``ge(low)`` bounds of ``schema``'s fields, recursively (a group's schema
+    is the one registered for its ``_target_``)."""
+    import typing
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields:
+            known = ", ".join(sorted(k for k in fields if not k.startswith("_")))
+            raise CcexpError(f"{prefix}{key} is not a setting of {prefix[:-1]}; known: {known}" if prefix else
+                             f"{key} is not a ccexp setting; top-level settings are {known}")
+    hints = typing.get_type_hints(schema)
+    for key, f in fields.items():
+        if key not in node:
+            continue
+        low = f.metadata.get("min")
+        if low is not None:
+            value = OmegaConf.select(node, key)
+            if value < low if value is not None else f.default is not None:
+                raise CcexpError(f"{prefix}{key}={value} is out of range; it must be >= {low}")
+        child = node._get_node(key)  # the node itself: an interpolation is not resolved here
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            sub = (schemas.schema_for(key, child.get("_target_")) if not prefix and key in _GROUPS
+                   else next((t for t in (hints[key], *typing.get_args(hints[key]))
+                              if isinstance(t, type) and dataclasses.is_dataclass(t)), None))
+            if sub is not None:
+                _check_keys_and_bounds(child, sub, f"{prefix}{key}.")
+
+
+def _check_trainer(cfg: DictConfig) -> None:
+    t = cfg.trainer
+    if str(t.precision) not in _PRECISIONS:
+        raise CcexpError(f"trainer.precision={t.precision!r} is not an option; use one of {', '.join(sorted(_PRECISIONS))}")
+    devices = t.devices
+    if not (devices == "auto" or (isinstance(devices, int) and (devices >= 1 or devices == -1))
+            or OmegaConf.is_list(devices)):
+        raise CcexpError(f"trainer.devices={devices!r} is not valid; use a count >= 1, -1 (all), 'auto' or a list of ids")
+    if t.accelerator in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CcexpError(f"trainer={t.name} needs a CUDA GPU and none is visible; use trainer=cpu")
+
+
+def _check_token_budget(cfg: DictConfig) -> None:
+    """The step's tokens split into rows and micro-batches on every rank; the derived accumulation was
+    not overridden by hand."""
+    t = cfg.train
+    world = schemas.world_size(cfg.trainer.devices, cfg.trainer.num_nodes, cfg.trainer.accelerator)
+    derived = schemas.grad_accumulation(t.tokens_per_step, t.seq_len, t.micro_batch_size, world)
+    node = OmegaConf.to_container(t, resolve=False)["grad_accumulation"]
+    if node != schemas.GRAD_ACCUMULATION and int(node) != derived:
+        raise CcexpError(f"train.grad_accumulation={node} but it is derived: tokens_per_step / (seq_len x "
+                         f"micro_batch_size x world size) = {derived}; set train.tokens_per_step or "
+                         "train.micro_batch_size instead")
+
+
+def _check_model(cfg: DictConfig) -> None:
+    m = cfg.model
+    if m.tokenizer.kind not in ("bpe", "pretrained"):
+        raise CcexpError(f"model.tokenizer.kind={m.tokenizer.kind!r} is not an option; use bpe or pretrained")
+    if "n_head" in m and (m.n_head < 1 or m.n_embd % m.n_head):
+        raise CcexpError(f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")
+    if "n_positions" in m and m.n_positions < max(cfg.train.seq_len, cfg.eval.max_tokens + 1):
+        raise CcexpError(f"model.n_positions={m.n_positions} is shorter than train.seq_len / eval.max_tokens+1 "
+                         f"({max(cfg.train.seq_len, cfg.eval.max_tokens + 1)}); raise model.n_positions")
+    if "pretrained" in m:
+        require_local_model(m.pretrained, "model.pretrained")
+
+
+def require_local_model(name: str, key: str) -> None:
+    """A local folder, or a model id already in the local Hugging Face cache; else one-line error."""
+    path = Path(name).expanduser()
+    looks_like_path = name.startswith(("/", ".", "~")) or path.exists()
+    if looks_like_path:
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            raise CcexpError(f"{key}={name!r} is not a model folder (no config.json there); give a folder saved "
+                             "with save_pretrained, or a model id in the local Hugging Face cache")
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise CcexpError(f"{key}={name!r} is not in the local Hugging Face cache and ccexp never downloads at run "
+                         f"time; fetch it first (`huggingface-cli download {name}`) or give a local folder")
+
+
+def _check_components(cfg: DictConfig) -> None:
+    """The constructors judge their own options: the clusterer, the embedder (its model is found, not
+    loaded) and the sampler on K one-document clusters, which must also lay out a step's rows."""
+    build(cfg.clusterer, "clusterer")
+    build(cfg.embedder, "embedder")
+    k = cluster_count(cfg)
+    sampler = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
+                    seed=cfg.seed, **({"similarity": np.zeros(k, dtype=np.float32)}
+                                      if "similarity" in _parameters(cfg.sampler._target_) else {}))
+    sampler.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)
+
+
+def _parameters(target: str) -> set[str]:
+    import inspect
+
+    from hydra.utils import get_method
+
+    return set(inspect.signature(get_method(target)).parameters)
+
+
+def cluster_count(cfg: DictConfig) -> int:
+    """K at the level the sampler balances: ``clusterer.k``, or ``clusterer.levels[sampler.level]``.
+
+    Raises:
+        CcexpError: if ``sampler.level`` is not a level of the clusterer.
+    """
+    levels = list(cfg.clusterer.levels) if "levels" in cfg.clusterer else [cfg.clusterer.k]
+    level = int(cfg.sampler.level)
+    if not 0 <= level < len(levels):
+        raise CcexpError(f"sampler.level={level} but clusterer={cfg.clusterer.name} has {len(levels)} level(s) "
+                         f"{levels}; use a level in 0..{len(levels) - 1}")
+    return int(levels[level])

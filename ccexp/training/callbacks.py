@@ -1,0 +1,130 @@
+"""Lightning callbacks of a ccexp run: the sampler's telemetry, the held-out curve, and a recorder of
+what each rank trained on."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from ccexp.sampling import Sampler
+
+log = logging.getLogger("ccexp")
+
+
+def _ends_step(trainer, batch, every: int) -> bool:
+    """True after the last micro-batch of an optimizer step that is a multiple of ``every`` (or the last)."""
+    step = trainer.global_step
+    return bool(batch["last_micro"]) and (step % every == 0 or step == trainer.max_steps)
+
+
+class SamplerTelemetry(Callback):
+    """Log the policy's telemetry (``sampler/*``: cumulative, and ``window_*`` over the last
+    ``every`` steps) every ``every`` optimizer steps, on rank 0; with at most ``max_clusters`` clusters
+    also each cluster's exposure (documents drawn so far, ``sampler/exposure/NNNN``), tokens trained
+    (``sampler/tokens/NNNN``) and, for weighted policies, its weight (``sampler/weight/NNNN``)."""
+
+    def __init__(self, sampler: Sampler, every: int, max_clusters: int = 64):
+        self.sampler, self.every, self.max_clusters = sampler, max(1, int(every)), int(max_clusters)
+        self.last_exposure = sampler.exposure()
+        self.history_steps: list[int] = []  # cumulative exposure at every logged step, for the balance report
+        self.history: list[np.ndarray] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if not (trainer.is_global_zero and _ends_step(trainer, batch, self.every)):
+            return
+        self.history_steps.append(step)
+        self.history.append(self.sampler.exposure())
+        if trainer.logger is None:
+            return
+        metrics = {f"sampler/{k}": v for k, v in self.sampler.telemetry(since=self.last_exposure).items()}
+        self.last_exposure = self.sampler.exposure()
+        if self.sampler.num_clusters <= self.max_clusters:
+            metrics.update({f"sampler/exposure/{c:04d}": float(e) for c, e in enumerate(self.sampler.exposure())})
+            metrics.update({f"sampler/tokens/{c:04d}": float(t) for c, t in enumerate(pl_module.cluster_tokens.tolist())})
+            weights = self.sampler.weights()
+            if weights is not None:
+                metrics.update({f"sampler/weight/{c:04d}": float(w) for c, w in enumerate(weights)})
+        trainer.logger.log_metrics(metrics, step=step)
+
+
+class BatchRecorder(Callback):
+    """Save what each rank trained on, micro-batch by micro-batch, to ``<dir>/rank<r>.npz``: ``steps``
+    and ``micro`` int64[n], ``rows`` int64[n, m] (the rows' indices among the step's R rows),
+    ``input_ids`` and ``doc_ids`` int64[n, m, L] (the sampler document of every input token), and
+    ``plan_digest`` int64[n] (a hash of the whole step's plan, which every rank draws), for checking the
+    stream across world sizes and resumes."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.records: dict[str, list] = {k: [] for k in ("steps", "micro", "rows", "input_ids", "doc_ids",
+                                                         "plan_digest")}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import hashlib
+
+        for key, name in (("steps", "step"), ("micro", "micro"), ("rows", "rows"), ("input_ids", "input_ids"),
+                          ("doc_ids", "doc_ids")):
+            self.records[key].append(np.asarray(batch[name].cpu() if torch.is_tensor(batch[name]) else batch[name]))
+        plan = trainer.datamodule.plans[int(batch["step"])]
+        digest = hashlib.blake2b(np.concatenate([plan.doc, plan.start, plan.pos]).tobytes(), digest_size=8)
+        self.records["plan_digest"].append(np.frombuffer(digest.digest(), dtype=np.int64)[0])
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(self.out_dir / f"rank{trainer.global_rank}.npz", **{k: np.stack(v) for k, v in self.records.items()})
+
+
+class HeldoutCurve(Callback):
+    """Held-out perplexity during training: every ``every`` optimizer steps (and before the first),
+    score a fixed sample of held-out documents and log ``curve/ppl``, ``curve/ppl_macro``,
+    ``curve/ppl_worst`` and ``curve/ppl_<label>/<value>`` with the MLflow step set to the *tokens
+    trained*, so runs of different samplers compare on one axis. Every rank scores the sample (a
+    sharded model needs all of them); rank 0 logs. Plain data only, so it pickles into spawned ranks.
+
+    Args:
+        every: optimizer steps between evaluations.
+        tokens, offsets: the tokenized corpus.
+        docs: int64[n] corpus indices of the sample; clusters: int64[n] their clusters (of K).
+        labels: label name -> n values (e.g. ``domain``), for per-label perplexity.
+        score_args: keyword arguments of :func:`ccexp.evaluation.perplexity.document_nll` (``eos_id``,
+            ``pad_id``, ``max_tokens``, ``batch_size``); min_cluster_docs: for ``ppl_worst``.
+    """
+
+    def __init__(self, every: int, *, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, clusters: np.ndarray,
+                 num_clusters: int, labels: dict[str, list[str]], score_args: dict[str, int], min_cluster_docs: int):
+        self.every, self.tokens, self.offsets, self.docs = int(every), tokens, offsets, np.asarray(docs, dtype=np.int64)
+        self.clusters, self.num_clusters, self.labels = np.asarray(clusters), int(num_clusters), labels
+        self.score_args, self.min_cluster_docs = dict(score_args), int(min_cluster_docs)
+        self.points: list[tuple[int, dict[str, float]]] = []  # (tokens trained, metrics), for plots and tests
+
+    def _evaluate(self, trainer, pl_module) -> None:
+        from ccexp.evaluation.perplexity import document_nll, summarize
+
+        model = pl_module.model
+        was_training = model.training
+        nll, ntok = document_nll(model, self.tokens, self.offsets, self.docs, device=pl_module.device, **self.score_args)
+        model.train(was_training)
+        if not trainer.is_global_zero:
+            return
+        report = summarize(nll, ntok, self.clusters, self.num_clusters, self.labels, min_cluster_docs=self.min_cluster_docs)
+        metrics = {k: v for k, v in report.metrics.items()
+                   if k in ("ppl", "ppl_macro", "ppl_worst") or "/" in k and not k.startswith("ppl_cluster/")}
+        tokens = pl_module.tokens_seen
+        self.points.append((tokens, metrics))
+        log.info("curve: step %d, %s tokens: held-out sample ppl %.2f, macro %.2f, worst %.2f", trainer.global_step,
+                 f"{tokens:,}", metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"])
+        if trainer.logger is not None:
+            from ccexp.tracking.mlflow_run import metric_keys
+
+            trainer.logger.log_metrics(metric_keys({f"curve/{k}": v for k, v in metrics.items()}), step=tokens)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if _ends_step(trainer, batch, self.every):
+            self._evaluate(trainer, pl_module)
