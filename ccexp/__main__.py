@@ -1,6 +1,10 @@
 """``python -m ccexp [overrides]``: the Hydra entry point (thin; the run is :func:`ccexp.pipeline.run`).
 
 User errors (bad config, bad input, missing files) print one line, ``ccexp: error: ...``, and exit 2.
+A signal (SIGTERM from Slurm or Kubernetes, SIGINT from Ctrl-C) stops the run with one line and
+status 128 + signal (143, 130) after saving a checkpoint to resume from. In a sweep (``-m``) a job
+that fails records its line in its folder and the sweep goes on; the sweep then exits 1 with the
+list of failed jobs.
 """
 from __future__ import annotations
 
@@ -23,17 +27,44 @@ register()
 
 @hydra.main(version_base="1.3", config_path="pkg://ccexp.conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    from hydra.types import RunMode
+
+    from ccexp.errors import Interrupted
+    from ccexp.pipeline import run
+    from ccexp.tracking.sweep import write_job_status
+
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        metrics = run(cfg, job_dir, multirun=multirun)
+    except Interrupted as e:
+        if multirun:
+            write_job_status(job_dir, "KILLED", str(e))
+        raise
+    except Exception as e:
+        message = user_message(e)
+        if not multirun:
+            if message is None:
+                raise  # a bug: keep the traceback
+            fail(message)
+        # in a sweep the next job still runs: the line goes to this job's log and status file
+        log.error("ccexp: error: %s", message or f"{type(e).__name__}: {e}", exc_info=message is None)
+        write_job_status(job_dir, "FAILED", message or f"{type(e).__name__}: {e} (traceback in {job_dir}/ccexp.log)")
+        return float("nan")
+    if multirun:
+        write_job_status(job_dir, "FINISHED")
+    return float(metrics.get("ppl_macro", float("nan")))
+
+
+def user_message(exc: BaseException) -> str | None:
+    """The one line for an error a user can fix, or None for a bug."""
     from omegaconf.errors import MissingMandatoryValue
 
-    from ccexp.pipeline import run
-
-    try:
-        metrics = run(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except MissingMandatoryValue as e:
-        fail(f"{e.full_key} is required and has no value; set it on the command line, e.g. {e.full_key}=...")
-    except CcexpError as e:
-        fail(str(e))
-    return float(metrics.get("ppl_macro", float("nan")))
+    if isinstance(exc, MissingMandatoryValue):
+        return f"{exc.full_key} is required and has no value; set it on the command line, e.g. {exc.full_key}=..."
+    if isinstance(exc, CcexpError):
+        return with_retired_hint(str(exc))
+    return None
 
 
 # settings that no longer exist, and what replaced them (appended to the error that names them)
@@ -45,14 +76,18 @@ RETIRED = {
 }
 
 
-def fail(message: str) -> None:
-    """Print one error line and exit with status 2 (SystemExit passes through Hydra's job runner,
-    which would otherwise add its own "Error executing job" line)."""
+def with_retired_hint(message: str) -> str:
     for key, hint in RETIRED.items():
         if f"'{key}'" in message or f".{key}" in message:
             message = f"{message}; {key} was retired: {hint}"
-    print(f"ccexp: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    return message
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one error line and exit with ``code`` (SystemExit passes through Hydra's job runner,
+    which would otherwise add its own "Error executing job" line)."""
+    print(f"ccexp: error: {with_retired_hint(message)}", file=sys.stderr)
+    sys.exit(code)
 
 
 def one_line(exc: BaseException) -> str:
@@ -80,21 +115,40 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+def _raise_interrupted(signum, frame) -> None:
+    from ccexp.errors import Interrupted
+
+    raise Interrupted(signum)
+
+
 def cli() -> None:
+    import signal
+
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from ccexp.errors import Interrupted, Refused
+    from ccexp.tracking.sweep import LAST_SWEEP_FAILURES, close_active_sweep
+
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we print user errors as one line
+    signal.signal(signal.SIGTERM, _raise_interrupted)  # training replaces it to stop at a step boundary
     try:
         main()
-    except CcexpError as e:
+    except (Interrupted, KeyboardInterrupt) as e:
+        stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+        close_active_sweep("KILLED")
+        print(f"ccexp: {stop}" + ("" if "checkpoint" in str(stop) else "; finished stages stay cached, unfinished ones "
+                                  "were discarded"), file=sys.stderr)
+        sys.exit(stop.exit_code)
+    except (CcexpError, Refused) as e:
+        close_active_sweep("FAILED")
         fail(str(e))
-    except KeyboardInterrupt:
-        print("ccexp: interrupted; finished stages stay cached, unfinished ones were discarded", file=sys.stderr)
-        sys.exit(130)
     except (HydraException, OmegaConfBaseException) as e:
+        close_active_sweep("FAILED")
         cause = e.__cause__ or e.__context__
         fail(str(cause) if isinstance(cause, CcexpError) else one_line(e))
+    if LAST_SWEEP_FAILURES:
+        fail(f"{len(LAST_SWEEP_FAILURES)} sweep job(s) failed: " + " | ".join(LAST_SWEEP_FAILURES), code=1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ micro-batches, the model's context against ``seq_len``, a GPU for a GPU trainer)
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +27,12 @@ _GROUPS_WITH_TARGETS = ("data", "embedder", "clusterer", "sampler", "model", "tr
 _GROUPS = {group for group, _, _ in schemas.GROUP_SCHEMAS}
 
 
-def preflight(cfg: DictConfig) -> None:
-    """Raise :class:`CcexpError` for the first invalid setting in ``cfg``."""
+def preflight(cfg: DictConfig, multirun: bool = False) -> None:
+    """Raise :class:`CcexpError` for the first invalid setting in ``cfg`` (``multirun``: the run is a
+    job of a sweep, where a strategy that re-launches the script is refused)."""
     _check_keys_and_bounds(cfg, schemas.RootConfig, "")
+    if multirun:
+        refuse_relaunch_in_multirun(cfg)
     if not 0 <= cfg.seed < 2**32:
         raise CcexpError(f"seed={cfg.seed} is out of range; use an integer in [0, 2**32)")
     if not cfg.train.lr > 0:
@@ -39,6 +43,8 @@ def preflight(cfg: DictConfig) -> None:
         raise CcexpError(f"selection.strategy={cfg.selection.strategy!r} is not an option; use random or closest")
     for group in _GROUPS_WITH_TARGETS:
         check_buildable(cfg[group], group)
+    if cfg.train.on_nonfinite not in ("stop", "skip_batch"):
+        raise CcexpError(f"train.on_nonfinite={cfg.train.on_nonfinite!r} is not an option; use stop or skip_batch")
     _check_trainer(cfg)
     _check_token_budget(cfg)
     _check_model(cfg)
@@ -46,6 +52,32 @@ def preflight(cfg: DictConfig) -> None:
     out = Path(cfg.paths.outputs).expanduser()
     if out.exists() and not out.is_dir():
         raise CcexpError(f"paths.outputs={str(out)!r} is a file; give a folder for ccexp's outputs")
+
+
+def relaunching_strategy(cfg: DictConfig) -> bool:
+    """True when Lightning would start the other ranks by re-running this script (``ddp``, ``fsdp``, ...
+    on several devices, not under torchrun or srun): inside a multirun each child would re-run the sweep."""
+    strategy = str(cfg.trainer.strategy)
+    external = "LOCAL_RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    if external or not strategy.startswith(("ddp", "fsdp", "deepspeed")) or any(
+            k in strategy for k in ("spawn", "fork", "notebook")):
+        return False
+    try:
+        return schemas.world_size(cfg.trainer.devices, cfg.trainer.num_nodes, cfg.trainer.accelerator) > 1
+    except CcexpError:
+        return True
+
+
+def refuse_relaunch_in_multirun(cfg: DictConfig) -> None:
+    """Raise the one-line refusal of :func:`relaunching_strategy` (in a multirun only).
+
+    Raises:
+        CcexpError: naming the strategy and the launchers that work.
+    """
+    if relaunching_strategy(cfg):
+        raise CcexpError(f"trainer.strategy={cfg.trainer.strategy} starts its other processes by re-running the "
+                         "command, which inside a sweep (-m) would re-run the whole sweep; use "
+                         "trainer.strategy=ddp_spawn, or start the processes with torchrun or the Slurm launcher")
 
 
 def _check_keys_and_bounds(node: DictConfig, schema: type, prefix: str) -> None:
@@ -116,6 +148,10 @@ def _check_model(cfg: DictConfig) -> None:
                          f"({max(cfg.train.seq_len, cfg.eval.max_tokens + 1)}); raise model.n_positions")
     if "pretrained" in m:
         require_local_model(m.pretrained, "model.pretrained")
+    if cfg.eval.lm_eval is not None and cfg.eval.lm_eval.tasks:
+        from ccexp.evaluation.lm_eval_bridge import check_tasks_offline
+
+        check_tasks_offline(list(cfg.eval.lm_eval.tasks))
 
 
 def require_local_model(name: str, key: str) -> None:

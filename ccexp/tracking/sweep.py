@@ -1,14 +1,23 @@
-"""MLflow parent runs for Hydra multiruns.
+"""Sweeps that finish what can finish: job status files, an MLflow parent run that is always closed, a
+comparison report of the jobs that finished, and a summary of the ones that did not.
 
-:class:`MlflowSweepCallback` is a Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``). When a
-multirun starts it creates one MLflow run for the sweep, named after the sweep folder, and exports
-its id as ``CCEXP_PARENT_RUN_ID``; every job's run then carries the ``mlflow.parentRunId`` tag, which
-the MLflow UI uses to nest the jobs under the sweep. When the multirun ends the parent is closed and
-the comparison report of its jobs (:mod:`ccexp.report`) is written into the sweep folder and logged
-as the parent's artifacts.
+:class:`MlflowSweepCallback` is a Hydra callback (``hydra.callbacks`` in ``ccexp/conf/config.yaml``).
+When a multirun starts it refuses, in one line and before any job, a Lightning strategy that would
+re-launch the script (the children would re-run the whole sweep), then creates one MLflow run for the
+sweep and exports its id as ``CCEXP_PARENT_RUN_ID``; every job's run carries the
+``mlflow.parentRunId`` tag, which the MLflow UI uses to nest the jobs under the sweep.
+
+Every job writes ``status.json`` into its folder (:func:`write_job_status`): FINISHED, or FAILED /
+KILLED with its one error line — a failing job does not stop the sweep (the entry point turns its
+error into a status instead of an exception). When the multirun ends the callback reads the job
+folders, writes the comparison report of the finished jobs into the sweep folder (logged on the
+parent), closes the parent FINISHED or FAILED, and leaves the failures in :data:`LAST_SWEEP_FAILURES`
+for the entry point to print and exit non-zero. The status files work for any launcher (in-process,
+joblib, Slurm), since they live on the file system.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -18,6 +27,34 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 log = logging.getLogger("ccexp")
+STATUS_FILE = "status.json"
+LAST_SWEEP_FAILURES: list[str] = []  # "#<job> (<overrides>): <line>" of the last multirun in this process
+_ACTIVE: "MlflowSweepCallback | None" = None  # the running sweep, so an interrupt can close its parent
+
+
+def write_job_status(job_dir: Path, status: str, message: str = "") -> None:
+    """Record a job's end: ``status`` FINISHED, FAILED or KILLED, with its one-line ``message``."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job_dir / f".{STATUS_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps({"status": status, "message": message}))
+    os.replace(tmp, job_dir / STATUS_FILE)
+
+
+def job_statuses(sweep_dir: Path) -> list[tuple[str, str, str, str]]:
+    """(job folder, the overrides that set it apart from the other jobs, status, message) of every job
+    folder under ``sweep_dir``; a job that left no status file (killed hard) counts as FAILED."""
+    import yaml
+
+    jobs = sorted((p.parent for p in sweep_dir.glob("*/.hydra")), key=lambda p: (len(p.name), p.name))
+    overrides = [yaml.safe_load((j / ".hydra" / "overrides.yaml").read_text()) or []
+                 if (j / ".hydra" / "overrides.yaml").is_file() else [] for j in jobs]
+    common = set.intersection(*(set(o) for o in overrides)) if len(jobs) > 1 else set()
+    out = []
+    for job, own in zip(jobs, overrides):
+        status = json.loads((job / STATUS_FILE).read_text()) if (job / STATUS_FILE).is_file() else \
+            {"status": "FAILED", "message": "the job ended without a status (killed?); see its ccexp.log"}
+        out.append((job.name, " ".join(o for o in own if o not in common), status["status"], status["message"]))
+    return out
 
 
 class MlflowSweepCallback(Callback):
@@ -26,15 +63,23 @@ class MlflowSweepCallback(Callback):
         self.uri: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _ACTIVE
+        from ccexp.errors import CcexpError, Refused
+        from ccexp.preflight import refuse_relaunch_in_multirun
+
+        try:
+            refuse_relaunch_in_multirun(config)  # before any job: one line, not one failure per job
+        except CcexpError as e:
+            raise Refused(str(e)) from None
+        LAST_SWEEP_FAILURES.clear()
+        _ACTIVE = self
         if not config.logger.enabled:
             return
-        from mlflow import MlflowClient
-
-        from ccexp.tracking.mlflow_run import PARENT_ENV, ensure_experiment, tracking_uri
+        from ccexp.tracking.mlflow_run import PARENT_ENV, ensure_experiment, open_store, tracking_uri
 
         outputs = Path(config.paths.outputs).resolve()
         self.uri = tracking_uri(config.logger.tracking_uri, outputs)
-        client = MlflowClient(self.uri)
+        client = open_store(self.uri)
         experiment_id = ensure_experiment(client, config.logger.experiment,
                                           config.logger.artifact_location or outputs / "mlartifacts")
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -47,20 +92,44 @@ class MlflowSweepCallback(Callback):
         log.info("mlflow: sweep parent run %s (%s)", run.info.run_name, self.parent_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.parent_id is None:
-            return
+        global _ACTIVE
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = job_statuses(sweep_dir)
+        failed = [f"#{job} ({overrides}): {message}" for job, overrides, status, message in jobs if status != "FINISHED"]
+        LAST_SWEEP_FAILURES[:] = failed
+        log.info("sweep: %d of %d job(s) finished%s", len(jobs) - len(failed), len(jobs),
+                 "; failed: " + "; ".join(failed) if failed else "")
+        try:
+            if self.parent_id is not None and len(failed) < len(jobs):
+                self._report(sweep_dir / "report")
+        finally:
+            self.close("FAILED" if failed else "FINISHED")
+            _ACTIVE = None
+
+    def _report(self, out: Path) -> None:
         from mlflow import MlflowClient
 
-        from ccexp.tracking.mlflow_run import PARENT_ENV
         from ccexp.tracking.report import write_report
 
         client = MlflowClient(self.uri)
-        try:
-            out = Path(config.hydra.sweep.dir) / "report"
-            files = write_report(client, parent_run_id=self.parent_id, out_dir=out)
-            for path in files:
-                client.log_artifact(self.parent_id, str(path), "report")
-            log.info("report: %s", out / "report.md")
-        finally:
-            client.set_terminated(self.parent_id, "FINISHED")
-            os.environ.pop(PARENT_ENV, None)
+        files = write_report(client, parent_run_id=self.parent_id, out_dir=out)
+        for path in files:
+            client.log_artifact(self.parent_id, str(path), "report")
+        log.info("report: %s", out / "report.md")
+
+    def close(self, status: str) -> None:
+        """Mark the parent run ``status`` (FINISHED, FAILED or KILLED) and stop exporting its id."""
+        from ccexp.tracking.mlflow_run import PARENT_ENV
+
+        if self.parent_id is not None:
+            from mlflow import MlflowClient
+
+            MlflowClient(self.uri).set_terminated(self.parent_id, status)
+            self.parent_id = None
+        os.environ.pop(PARENT_ENV, None)
+
+
+def close_active_sweep(status: str) -> None:
+    """Close the running sweep's parent run (an interrupt or a crash of the sweep itself)."""
+    if _ACTIVE is not None:
+        _ACTIVE.close(status)
