@@ -3,7 +3,9 @@
 A stage's fingerprint hashes its own config, the fingerprints of its inputs and a stage version
 (the Marin executor's rule: an output path is its step's config plus inputs). A stage writes into
 a temporary sibling folder and renames it into place only when complete, after writing a
-``DONE`` marker, so an interrupted stage never looks finished and is simply recomputed.
+``DONE`` marker, so an interrupted stage never looks finished and is simply recomputed. Runs that
+need the same stage at once serialise on a per-fingerprint file lock (:meth:`StageStore.lock`): one
+computes, the others wait and reuse its output.
 """
 from __future__ import annotations
 
@@ -54,6 +56,13 @@ class StageStore:
 
     def is_done(self, stage: str, fp: str) -> bool:
         return (self.path(stage, fp) / DONE).is_file()
+
+    def lock(self, stage: str, fp: str):
+        """A file lock (``<root>/.locks/<stage>-<fp>.lock``) held while a run computes that stage output."""
+        from filelock import FileLock
+
+        (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".locks" / f"{stage}-{fp}.lock"))
 
     @contextmanager
     def publish(self, stage: str, fp: str, meta: dict[str, Any] | None = None) -> Iterator[Path]:

@@ -10,6 +10,7 @@ constructor, which pre-flight calls on a stand-in.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -86,6 +87,8 @@ def _grad_accumulation_resolver(tokens_per_step, seq_len, micro_batch_size, devi
 
 
 OmegaConf.register_new_resolver("ccexp.grad_accumulation", _grad_accumulation_resolver, replace=True)
+# the process id in run folder names: runs started in the same second never share a folder
+OmegaConf.register_new_resolver("ccexp.pid", lambda: os.getpid(), replace=True)
 GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train.seq_len},${train.micro_batch_size},"
                      "${trainer.devices},${trainer.num_nodes},${trainer.accelerator}}")
 
@@ -100,11 +103,12 @@ class TrainConfig:
     seq_len: int = ge(2, 128)  # input tokens per row
     max_doc_tokens: Optional[int] = ge(1, None)  # cap on the tokens taken from one document (cut tokens are counted)
     document_mask: bool = False  # attend only within each document (per-document position ids)
+    on_nonfinite: str = "stop"  # stop | skip_batch: what a NaN/inf training loss does (a bad gradient always stops)
     lr: float = 2e-3
     weight_decay: float = 0.1
     warmup_steps: int = ge(0, 20)
     log_every_n_steps: int = ge(1, 10)
-    resume_from: Optional[str] = None  # a Lightning checkpoint (e.g. <run>/checkpoints/last.ckpt) to resume
+    resume_from: Optional[str] = None  # a checkpoint to resume (<run>/checkpoints/last.ckpt), or "last": this run's newest
     checkpoint_every_n_steps: Optional[int] = ge(1, None)  # also keep checkpoints/step-N.ckpt every N steps
     record_batches: bool = False  # save each rank's trained documents per step to <run>/batches/
 
@@ -132,6 +136,7 @@ class EmbedderConfig:
     max_seq_length: int = ge(1, 256)
     device: str = "auto"
     shard_size: int = ge(1, 2048)  # documents per shard: the unit of progress, resume and rank assignment
+    long_documents: str = "truncate"  # truncate | chunk_mean: documents longer than max_seq_length tokens
 
 
 @dataclass

@@ -72,9 +72,12 @@ class Stages:
         t0 = time.perf_counter()
         reused = self.store.is_done(stage, fp)
         if not reused:
-            with self.store.publish(stage, fp) as tmp:
-                figures = produce(tmp)
-                (tmp / "figures.json").write_text(json.dumps(figures, indent=2, default=str))
+            with self.store.lock(stage, fp):  # another run computing it: wait, then reuse
+                reused = self.store.is_done(stage, fp)
+                if not reused:
+                    with self.store.publish(stage, fp) as tmp:
+                        figures = produce(tmp)
+                        (tmp / "figures.json").write_text(json.dumps(figures, indent=2, default=str))
         path = self.store.path(stage, fp)
         figures = json.loads((path / "figures.json").read_text())
         result = StageResult(stage, path, fp, reused, time.perf_counter() - t0, figures)
@@ -142,8 +145,11 @@ class Stages:
             emb, stats = build(self.cfg.embedder, "embedder").embed(corpus.texts, tmp / "embeddings.npy", work_dir,
                                                                     rank=rank, world_size=world)
             secs = time.perf_counter() - t0
+            shutil.rmtree(work_dir, ignore_errors=True)  # the array replaces the shards (only the computing run)
             return {"documents": emb.shape[0], "dim": emb.shape[1], "seconds": secs, "docs_per_s": emb.shape[0] / secs,
-                    "shards": len(stats["embedded"]) + len(stats["skipped"]), "shards_resumed": len(stats["skipped"])}
+                    "shards": len(stats["embedded"]) + len(stats["skipped"]), "shards_resumed": len(stats["skipped"]),
+                    "long_documents": stats["long_documents"], "long_documents_mode": self.cfg.embedder.long_documents,
+                    "max_seq_length": self.cfg.embedder.max_seq_length}
 
         if rank != 0 and not self.store.is_done("embed", fp):  # embed this rank's shards, then wait for rank 0
             build(self.cfg.embedder, "embedder").embed(corpus.texts, work_dir / "unused.npy", work_dir, rank=rank,
@@ -153,8 +159,14 @@ class Stages:
         result = self._run("embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
                            f"{f['docs_per_s']:.0f} docs/s when computed, {f.get('shards', 1)} shards"
                            + (f" ({f['shards_resumed']} resumed)" if f.get("shards_resumed") else ""))
-        if rank == 0 and work_dir.exists():
-            shutil.rmtree(work_dir, ignore_errors=True)  # the published array replaces the shards
+        long, mode = result.figures.get("long_documents", 0), result.figures.get("long_documents_mode", "truncate")
+        if long and mode == "truncate":
+            log.warning("embed: %s of %s documents are longer than embedder.max_seq_length=%d tokens and were "
+                        "embedded from their beginning only; set embedder.long_documents=chunk_mean to embed them "
+                        "whole", f"{long:,}", f"{result.figures['documents']:,}", result.figures["max_seq_length"])
+        elif long:
+            log.info("embed: %s long documents embedded as the mean of their %d-token windows", f"{long:,}",
+                     result.figures["max_seq_length"])
         return Embeddings(np.load(result.path / "embeddings.npy", mmap_mode="r"))
 
     # -- cluster ----------------------------------------------------------------------------------
@@ -187,6 +199,10 @@ class Stages:
         levels = [Level(**{name: np.load(p) if (p := result.path / f"level{depth}_{name}.npy").is_file() else None
                            for name in _LEVEL_ARRAYS}) for depth in range(len(result.figures["levels"]))]
         return Clustering(levels, int(result.figures["train_points"]), float(result.figures["objective"]))
+
+    def fingerprints(self) -> dict[str, str]:
+        """stage -> fingerprint of the stages run so far."""
+        return {name: r.fingerprint for name, r in self.results.items()}
 
     def cluster_report(self) -> tuple[dict[str, float], list[Path]]:
         """The cluster stage's report: its metrics (``cluster/*`` without the prefix) and files."""

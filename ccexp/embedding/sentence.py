@@ -42,14 +42,24 @@ class SentenceEmbedder:
     Args:
         model: ``minilm`` or a local model folder.
         batch_size: documents per forward pass.
-        max_seq_length: tokens per document (longer ones are truncated by the model).
+        max_seq_length: tokens the model reads per input.
         device: ``cpu``, ``cuda``, ``cuda:1``... or ``auto`` (CUDA when available; every local GPU
             through sentence-transformers' multi-process pool when there are several).
         shard_size: documents per shard (the unit of progress, resume and rank assignment).
+        long_documents: what to do with a document longer than ``max_seq_length`` tokens:
+            ``truncate`` (the model reads its beginning only; such documents are counted and a warning
+            names them) or ``chunk_mean`` (it is cut into windows of ``max_seq_length`` tokens, each
+            embedded, and the mean of the window embeddings, renormalised, is its embedding).
+
+    Raises:
+        CcexpError: for a setting out of range, an unknown ``long_documents``, or a missing model.
     """
 
     def __init__(self, model: str = "minilm", batch_size: int = 64, max_seq_length: int = 256,
-                 device: str = "auto", shard_size: int = 2048):
+                 device: str = "auto", shard_size: int = 2048, long_documents: str = "truncate"):
+        if long_documents not in ("truncate", "chunk_mean"):
+            raise CcexpError(f"embedder.long_documents={long_documents!r} is not an option; use truncate or chunk_mean")
+        self.long_documents = long_documents
         for key, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length), ("shard_size", shard_size)):
             if int(value) < 1:
                 raise CcexpError(f"embedder.{key}={value} is out of range; it must be >= 1")
@@ -75,17 +85,35 @@ class SentenceEmbedder:
         model.max_seq_length = self.max_seq_length
         return model
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """float32[n, d] L2-normalised embeddings of ``texts``."""
+    def _encode(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        if self._model is None:
-            self._model = self._load()
         devices = None
         if self.device == "auto" and torch.cuda.device_count() > 1:
             devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         return self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
                                   show_progress_bar=False, **({"device": devices} if devices else {}))
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """float32[n, d] L2-normalised embeddings of ``texts``, and how many were longer than
+        ``max_seq_length`` tokens (truncated, or chunked and mean-pooled: see ``long_documents``)."""
+        if self._model is None:
+            self._model = self._load()
+        tok = self._model.tokenizer
+        room = self.max_seq_length - tok.num_special_tokens_to_add()  # the model adds [CLS] ... [SEP]
+        ids = tok(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        long = [i for i, x in enumerate(ids) if len(x) > room]
+        if not long or self.long_documents == "truncate":
+            return self._encode(texts), len(long)
+        owner, pieces = [], []
+        for i, (text, x) in enumerate(zip(texts, ids)):
+            windows = [text] if len(x) <= room else [tok.decode(x[s:s + room]) for s in range(0, len(x), room)]
+            pieces += windows
+            owner += [i] * len(windows)
+        emb = np.zeros((len(texts), self._model.get_embedding_dimension()), dtype=np.float64)
+        np.add.at(emb, np.asarray(owner), self._encode(pieces))
+        emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+        return emb.astype(np.float32), len(long)
 
     def embed(self, texts: list[str], out_path: Path, work_dir: Path | None = None, *, rank: int = 0,
               world_size: int = 1) -> tuple[np.ndarray | None, dict[str, list[int]]]:
@@ -95,7 +123,8 @@ class SentenceEmbedder:
 
         Returns:
             the embeddings memory-mapped (None on other ranks) and ``{"embedded": [...], "skipped":
-            [...]}``, the shards embedded now and those found done.
+            [...], "long_documents": n}``: the shards embedded now and those found done, and the
+            documents (of this rank's shards) longer than ``max_seq_length`` tokens.
 
         Raises:
             CcexpError: if the model cannot be loaded or yields a non-finite embedding.

@@ -9,6 +9,7 @@ file-system barrier, so no process group is needed) and assembles one memory-map
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -38,16 +39,18 @@ def done_marker(work_dir: Path, i: int) -> Path:
     return work_dir / f"shard-{i:06d}.done"
 
 
-def embed_shards(encode: Callable[[list[str]], np.ndarray], texts: list[str], work_dir: Path, *, shard_size: int,
-                 rank: int = 0, world_size: int = 1, progress: bool = True) -> dict[str, list[int]]:
+def embed_shards(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: list[str], work_dir: Path, *,
+                 shard_size: int, rank: int = 0, world_size: int = 1, progress: bool = True) -> dict:
     """Embed this rank's unfinished shards of ``texts`` into ``work_dir``.
 
     Args:
-        encode: documents -> float32[n, d] L2-normalised embeddings.
+        encode: documents -> (float32[n, d] L2-normalised embeddings, documents over the model's length).
         shard_size: documents per shard.
 
     Returns:
-        ``{"embedded": [...], "skipped": [...]}``: the shard numbers embedded now and found done.
+        ``{"embedded": [...], "skipped": [...], "long_documents": n}``: the shard numbers embedded now
+        and found done, and the documents of this rank's shards over the model's length (each shard's
+        count is kept in its completion marker, so a resumed run counts them all).
 
     Raises:
         CcexpError: if an embedding is not finite (the document is named).
@@ -66,7 +69,7 @@ def embed_shards(encode: Callable[[list[str]], np.ndarray], texts: list[str], wo
               mininterval=2.0, disable=not progress) as bar:
         for i in todo:
             start = i * shard_size
-            emb = encode(texts[start:start + shard_size])
+            emb, long = encode(texts[start:start + shard_size])
             bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
             if bad.size:
                 raise CcexpError(f"embedding of document {start + bad[0]} is not finite; check that document or the "
@@ -74,9 +77,16 @@ def embed_shards(encode: Callable[[list[str]], np.ndarray], texts: list[str], wo
             tmp = work_dir / f".shard-{i:06d}.{os.getpid()}.npy"
             np.save(tmp, emb.astype(np.float16))
             os.replace(tmp, shard_path(work_dir, i))
-            done_marker(work_dir, i).write_text(f"{emb.shape[0]}\n")
+            done_marker(work_dir, i).write_text(json.dumps({"rows": int(emb.shape[0]), "long_documents": int(long)}))
             bar.update(emb.shape[0])
-    return {"embedded": todo, "skipped": skipped}
+    long_total = sum(_marker(work_dir, i).get("long_documents", 0) for i in mine)
+    return {"embedded": todo, "skipped": skipped, "long_documents": long_total}
+
+
+def _marker(work_dir: Path, i: int) -> dict:
+    """A shard's completion marker: ``{"rows", "long_documents"}`` (older markers hold the row count only)."""
+    text = done_marker(work_dir, i).read_text().strip()
+    return json.loads(text) if text.startswith("{") else {"rows": int(text)}
 
 
 def wait_for_shards(work_dir: Path, n_shards: int, timeout_s: float = 7 * 24 * 3600, poll_s: float = 5.0) -> None:

@@ -61,38 +61,64 @@ def run_name(cfg: DictConfig) -> str:
     return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cluster_count(cfg)}{level}-s{cfg.seed}-{digest}"
 
 
+def open_store(uri: str):
+    """An ``MlflowClient`` on ``uri``. A SQLite store is created and migrated under a file lock next to
+    it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema."""
+    from filelock import FileLock
+    from mlflow import MlflowClient
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(uri)
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock"):
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables here
+    return client
+
+
 def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
     """The id of experiment ``name``, created with an explicit artifact folder if it does not exist."""
+    from mlflow.exceptions import MlflowException
+
     artifacts = Path(artifact_location).resolve()
     artifacts.mkdir(parents=True, exist_ok=True)
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifacts.as_uri())
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifacts.as_uri())
+    except MlflowException:  # another run created it in the meantime
+        return client.get_experiment_by_name(name).experiment_id
 
 
 class RunRecord:
     """The MLflow run of one ccexp run, owned end to end through MLflow's public client: created with
     the flattened config as params (nested under the sweep's parent run in a multirun), handed to
-    Lightning as its logger, given the stages' figures and the results, and closed — FINISHED, or
-    FAILED when anything inside the ``with`` block raises. With ``logger.enabled=false`` every call
-    is a no-op.
+    Lightning as its logger, given the stages' figures and the results, and closed — FINISHED;
+    KILLED when a signal stops the ``with`` block; FAILED when anything else raises there. It also
+    writes ``run.json`` (the run's name and MLflow id) into the run folder, which
+    ``train.resume_from=last`` uses to find the run's checkpoints. With ``logger.enabled=false``
+    the MLflow calls are no-ops.
 
     Args:
-        cfg: the run's config; outputs: the absolute ``paths.outputs``; tags: extra run tags.
+        cfg: the run's config; outputs: the absolute ``paths.outputs``; run_dir: the run's folder;
+            tags: extra run tags.
     """
 
-    def __init__(self, cfg: DictConfig, outputs: Path, tags: dict[str, str] | None = None):
-        self.cfg, self.name = cfg, run_name(cfg)
+    def __init__(self, cfg: DictConfig, outputs: Path, run_dir: Path | None = None, tags: dict[str, str] | None = None):
+        self.cfg, self.name, self.run_dir = cfg, run_name(cfg), run_dir
         self.logger = None  # Lightning's MLFlowLogger, or None when disabled
         if not cfg.logger.enabled:
             return
         from lightning.pytorch.loggers import MLFlowLogger
-        from mlflow import MlflowClient
 
         self.uri = tracking_uri(cfg.logger.tracking_uri, outputs)
         artifacts = Path(cfg.logger.artifact_location or outputs / "mlartifacts").resolve()
         os.environ.pop("MLFLOW_RUN_ID", None)  # a stale id in the environment would hijack the run
-        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
-        self.client = MlflowClient(self.uri)
+        self.client = open_store(self.uri)
         ensure_experiment(self.client, cfg.logger.experiment, artifacts)
         tags = dict(tags or {})
         if os.environ.get(PARENT_ENV):
@@ -101,16 +127,55 @@ class RunRecord:
                                    artifact_location=artifacts.as_uri(), tags=tags, log_model=False)
 
     def __enter__(self) -> "RunRecord":
+        run_id = None
         if self.logger is not None:
             self.logger.log_hyperparams(flatten(self.cfg))
-            log.info("mlflow: run %r (%s) in %s", self.name, self.logger.run_id, self.uri)
+            run_id = self.logger.run_id
+            log.info("mlflow: run %r (%s) in %s", self.name, run_id, self.uri)
+        if self.run_dir is not None:
+            import json
+
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "run.json").write_text(json.dumps({"run_name": self.name, "mlflow_run_id": run_id}))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and self.logger is not None:
-            # Lightning marks the run FINISHED after fit; an error after that must show
-            self.client.set_terminated(self.logger.run_id, "FAILED")
+            from ccexp.errors import Interrupted
+
+            # Lightning marks the run FINISHED or FAILED after fit; what happened afterwards must show
+            self.client.set_terminated(self.logger.run_id, "KILLED" if issubclass(exc_type, Interrupted) else "FAILED")
+            if exc is not None and not issubclass(exc_type, Interrupted):
+                self.client.set_tag(self.logger.run_id, "error", str(exc).splitlines()[0][:5000] if str(exc) else
+                                    exc_type.__name__)
         return False
+
+    def resume_checkpoint(self, resume_from: str | None, outputs: Path) -> str | None:
+        """``train.resume_from`` as a path: ``last`` is the newest checkpoint of an earlier run of this
+        same configuration (same run name) under ``outputs``.
+
+        Raises:
+            CcexpError: for ``last`` when no such checkpoint exists.
+        """
+        if resume_from != "last":
+            return resume_from
+        import json
+
+        from ccexp.errors import CcexpError
+
+        found = [ckpt for meta in outputs.glob("*runs/**/run.json") if meta.parent != self.run_dir
+                 and json.loads(meta.read_text()).get("run_name") == self.name
+                 for ckpt in (meta.parent / "checkpoints").glob("*.ckpt")]
+        if not found:
+            raise CcexpError(f"train.resume_from=last: no checkpoint of an earlier run named {self.name} under "
+                             f"{outputs}; give a checkpoint path, or run without train.resume_from")
+        newest = max(found, key=lambda p: p.stat().st_mtime)
+        log.info("resume: train.resume_from=last is %s", newest)
+        return str(newest)
+
+    def set_tag(self, key: str, value: str) -> None:
+        if self.logger is not None:
+            self.client.set_tag(self.logger.run_id, key, value[:5000])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log metrics (names made MLflow-safe by :func:`metric_keys`) at ``step``."""
@@ -130,6 +195,11 @@ class RunRecord:
         metrics = {f"time/{name}_seconds": r.seconds for name, r in results.items()}
         metrics.update({f"cache/{name}_reused": float(r.reused) for name, r in results.items()})
         metrics.update({f"cluster/{k}": v for k, v in cluster_report[0].items()})
+        embed = results["embed"].figures if "embed" in results else {}
+        if "long_documents" in embed:
+            metrics["embed/long_documents"] = float(embed["long_documents"])
+            metrics["embed/truncated_documents"] = float(embed["long_documents"]) if \
+                embed.get("long_documents_mode") == "truncate" else 0.0
         self.log_metrics(metrics, step)
         self.log_artifacts(cluster_report[1], "clusters")
         self.client.set_tag(self.logger.run_id, "fingerprints",
@@ -141,17 +211,16 @@ class RunRecord:
 
 
 def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
-    """Make metric names MLflow-safe: characters outside ``[A-Za-z0-9_./ -]`` become ``_``, an empty
-    last part becomes ``(empty)``, and names that collide after that get a short hash of the original."""
+    """Make metric names MLflow-safe, part by part between the ``/``: characters outside
+    ``[A-Za-z0-9_.- ]`` become ``_``, an empty or dot-only part becomes ``_empty_`` (MLflow refuses
+    ``//`` and ``..``), and names that collide after that get a short hash of the original."""
     import hashlib
     import re
 
     out: dict[str, float] = {}
     for name, value in metrics.items():
-        head, _, tail = name.rpartition("/")
-        safe_tail = re.sub(r"[^A-Za-z0-9_.\- ]", "_", tail).strip() or "(empty)"
-        safe_tail = safe_tail.replace("(empty)", "_empty_")
-        safe = f"{head}/{safe_tail}" if head else safe_tail
+        parts = [re.sub(r"[^A-Za-z0-9_.\- ]", "_", part).strip() for part in name.split("/")]
+        safe = "/".join(p if p.strip(".") else "_empty_" for p in parts)
         if safe != name and (safe in out or safe in metrics):
             safe = f"{safe}_{hashlib.sha256(name.encode()).hexdigest()[:6]}"
         out[safe] = value
