@@ -7,9 +7,7 @@ models embeds and clusters once.
 from __future__ import annotations
 
 import logging
-import os
 import time
-import warnings
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -19,20 +17,22 @@ from ccexp.artifacts import StageStore
 from ccexp.evaluation.balance import write_run_files
 from ccexp.evaluation.heldout import evaluate
 from ccexp.preflight import preflight
+from ccexp.runtime import quiet_libraries
 from ccexp.tracking.mlflow_run import RunRecord
 from ccexp.training import runner
 
 log = logging.getLogger("ccexp")
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
+def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, float]:
     """Run the experiment described by ``cfg``; return the evaluation metrics (rank 0; {} elsewhere)."""
     t_start = time.perf_counter()
-    _quiet_libraries()
-    preflight(cfg)  # every check, before any work
+    quiet_libraries()
+    preflight(cfg, multirun)  # every check, before any work
     import lightning as L
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    outputs = Path(cfg.paths.outputs).resolve()
 
     # 1. preprocessing: cached stages that return typed artifacts
     stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
@@ -48,12 +48,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
 
     # 3. train, evaluate, record
     tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name, "run_dir": str(run_dir)}
-    with RunRecord(cfg, Path(cfg.paths.outputs).resolve(), tags) as record:
-        fit = runner.fit(cfg, run_dir, record.logger, stream, model, tokenized, split, corpus.labels)
+    with RunRecord(cfg, outputs, run_dir, tags) as record:
+        signature = runner.run_signature(cfg, stage.fingerprints(), split.num_clusters)
+        fit = runner.fit(cfg, run_dir, record.logger, stream, model, tokenized, split, corpus.labels,
+                         signature=signature, resume_from=record.resume_checkpoint(cfg.train.resume_from, outputs))
         if not fit.is_global_zero:
             return {}
         result = evaluate(cfg, fit.module.model, tokenized, split, corpus, run_dir)
-        files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result)
+        files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels)
         step = cfg.train.steps
         record.log_stages(stage.results, stage.cluster_report(), step)
         record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(),
@@ -61,19 +63,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                             "time/total_seconds": time.perf_counter() - t_start}, step)
         for path, folder in files:
             record.log_artifacts([path], folder)
+        for part, message in result.errors.items():
+            record.set_tag(f"eval_error/{part}", message)
         record.finish()
     log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s", record.name,
              time.perf_counter() - t_start, fit.seconds, fit.module.tokens_seen / fit.seconds, run_dir)
     return result.metrics
-
-
-def _quiet_libraries() -> None:
-    """Offline flags, and one line per message through Hydra's handlers (no duplicate or tip lines)."""
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        os.environ.setdefault(key, "1")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).handlers.clear()
-        logging.getLogger(name).propagate = True
-    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs each CPU variant it tries
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
-    warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning's own use of a torch deprecation

@@ -129,8 +129,10 @@ def write_cluster_table(path: Path, *, sizes: np.ndarray, exposure: np.ndarray, 
     return path
 
 
-def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, result) -> list[tuple[Path, str | None]]:
-    """The run's files: ``resolved_config.yaml``, ``tables/clusters.csv`` and (``eval.balance_report``)
+def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, result,
+                    labels: dict[str, list[str]] | None = None) -> list[tuple[Path, str | None]]:
+    """The run's files: ``resolved_config.yaml``, ``tables/clusters.csv``, ``labels/<label>.json`` (each
+    label value and the name its metrics carry, :func:`ccexp.names.safe_names`) and (``eval.balance_report``)
     the balance report under ``balance/``. Returns (path, MLflow artifact folder) pairs.
 
     Args:
@@ -145,11 +147,23 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                 loss_sum=module.cluster_loss_sum.cpu().numpy(),
                                 loss_tokens=module.cluster_tokens.cpu().numpy(), per_cluster=result.per_cluster)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
+    for label, values in (labels or {}).items():
+        import json
+
+        from ccexp.names import safe_names
+
+        path = run_dir / "labels" / f"{label}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(safe_names(values), indent=1, ensure_ascii=False))
+        files.append((path, "labels"))
     if cfg.eval.balance_report:
+        from ccexp.evaluation.heldout import isolated
+
         tel = fit.telemetry
-        files += [(p, "balance") for p in write_balance_report(
-            run_dir / "balance", name=name, sizes=sizes, exposure=sampler.exposure(),
-            history_steps=np.array(tel.history_steps), history=np.array(tel.history),
-            repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
-            heldout_docs=result.per_cluster["documents"], metrics=result.metrics)]
+        report = isolated("balance_report", result.errors, run_dir, write_balance_report,
+                          run_dir / "balance", name=name, sizes=sizes, exposure=sampler.exposure(),
+                          history_steps=np.array(tel.history_steps), history=np.array(tel.history),
+                          repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
+                          heldout_docs=result.per_cluster["documents"], metrics=result.metrics)
+        files += [(p, "balance") for p in report or []]
     return files

@@ -1,5 +1,10 @@
 """The evaluation step of a run: held-out perplexity (overall, macro, worst, rare/common, per cluster,
-per label) and, with ``eval.lm_eval``, lm-evaluation-harness on the trained model."""
+per label) and, with ``eval.lm_eval``, lm-evaluation-harness on the trained model.
+
+Each part runs on its own (:func:`isolated`): a part that fails is reported in one line (the run's
+``errors``, logged as a warning and an ``eval_error/<part>`` tag; the traceback goes to
+``<run>/eval_errors.log``) and the other parts, the training metrics and the checkpoint are kept.
+"""
 from __future__ import annotations
 
 import logging
@@ -21,11 +26,13 @@ log = logging.getLogger("ccexp")
 @dataclass
 class EvalResult:
     """metrics: ``ppl``, ``ppl_macro``, ... and ``lm_eval/<task>/<metric>``; per_cluster: arrays [K] of
-    the held-out ``nll``, ``tokens``, ``documents`` and ``ppl``; seconds: the evaluation's time."""
+    the held-out ``nll``, ``tokens``, ``documents`` and ``ppl`` (NaN when that part failed); seconds:
+    the evaluation's time; errors: part -> the one line of a part that failed."""
 
     metrics: dict[str, float]
     per_cluster: dict[str, np.ndarray]
     seconds: float
+    errors: dict[str, str]
 
     def for_mlflow(self, max_cluster_metrics: int, num_clusters: int) -> dict[str, float]:
         """``eval/*`` and ``lm_eval/*`` metrics; per-cluster ones only when K <= ``max_cluster_metrics``."""
@@ -33,27 +40,57 @@ class EvalResult:
                 if not k.startswith("ppl_cluster/") or num_clusters <= max_cluster_metrics}
 
 
+def isolated(part: str, errors: dict[str, str], run_dir: Path, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or None when it raises: the error becomes ``errors[part]`` (one line),
+    a warning, and a traceback in ``<run_dir>/eval_errors.log``."""
+    import traceback
+
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # a failing evaluation part must not lose the others or the trained model
+        errors[part] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+        log.warning("eval: %s failed (%s); the other parts and the checkpoint are kept, traceback in %s", part,
+                    errors[part], run_dir / "eval_errors.log")
+        with open(run_dir / "eval_errors.log", "a") as f:
+            f.write(f"--- {part}\n{traceback.format_exc()}\n")
+        return None
+
+
 def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit, corpus: Corpus,
              run_dir: Path) -> EvalResult:
     """Score every held-out document on its first ``eval.max_tokens`` tokens and aggregate
-    (:mod:`ccexp.evaluation.perplexity`); then lm-eval when configured."""
+    (:mod:`ccexp.evaluation.perplexity`); then lm-eval when configured. Each part is :func:`isolated`."""
     t0 = time.perf_counter()
+    errors: dict[str, str] = {}
+    held = split.heldout_docs
+    held_labels = {k: [v[i] for i in held] for k, v in corpus.labels.items()}
+    report = isolated("heldout", errors, run_dir, heldout_perplexity, cfg, model, tokenized, split, held_labels)
+    metrics = dict(report.metrics) if report else {}
+    nan = np.full(split.num_clusters, np.nan)
+    per_cluster = report.per_cluster if report else {"nll": nan, "tokens": np.zeros_like(nan),
+                                                     "documents": np.zeros(split.num_clusters, np.int64), "ppl": nan}
+    if cfg.eval.lm_eval is not None:
+        from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
+
+        lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, cfg, model, tokenized.tokenizer,
+                              [corpus.texts[i] for i in held], held_labels, run_dir) or {}
+        metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
+        log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
+                                          if k.endswith(("/acc", "/word_perplexity"))))
+    return EvalResult(metrics, per_cluster, time.perf_counter() - t0, errors)
+
+
+def heldout_perplexity(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit,
+                       held_labels: dict[str, list[str]]):
+    """Held-out perplexity overall, per cluster and per label (:class:`PerplexityReport`)."""
     tok, held = tokenized.tokenizer, split.heldout_docs
     nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tok.eos_token_id,
                              pad_id=tok.pad_token_id, max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size,
                              device=next(model.parameters()).device)
-    held_labels = {k: [v[i] for i in held] for k, v in corpus.labels.items()}
     report = summarize(nll, ntok, split.labels[held], split.num_clusters, held_labels,
                        min_cluster_docs=cfg.eval.min_cluster_docs, sizes=split.sizes)
-    metrics = dict(report.metrics)
-    if cfg.eval.lm_eval is not None:
-        from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
-
-        lm_metrics = lm_evaluate(cfg, model, tok, [corpus.texts[i] for i in held], held_labels, run_dir)
-        metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
-        log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
-                                          if k.endswith(("/acc", "/word_perplexity"))))
+    m = report.metrics
     log.info("eval: held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d) over %d docs / %d tokens",
-             metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"], int(metrics["ppl_worst_cluster"]),
-             int(metrics["heldout_documents"]), int(metrics["heldout_tokens"]))
-    return EvalResult(metrics, report.per_cluster, time.perf_counter() - t0)
+             m["ppl"], m["ppl_macro"], m["ppl_worst"], int(m.get("ppl_worst_cluster", -1)),
+             int(m["heldout_documents"]), int(m["heldout_tokens"]))
+    return report

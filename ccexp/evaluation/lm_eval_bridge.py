@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +67,31 @@ metadata:
 """
 
 
-def task_slug(value: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", value.lower()).strip("_") or "none"
+def task_names(values: list[str]) -> dict[str, str]:
+    """A distinct lm-eval task name ``ccexp_ppl_<value>`` for every label value (:func:`ccexp.names.safe_names`)."""
+    from ccexp.names import safe_names
+
+    return {v: f"ccexp_ppl_{name}" for v, name in safe_names(values, allowed="a-z0-9_", lower=True).items()}
+
+
+def fit_to_context(context: str, choices: list[str], tokenizer, max_length: int | None) -> tuple[str, list[str]]:
+    """Cut a multiple-choice question so that context + any choice fits ``max_length`` tokens: the
+    choices keep their first tokens (at most half the context window), the context its last ones."""
+    if tokenizer is None or not max_length:
+        return context, choices
+    ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in choices]
+    budget = max_length - 1  # lm-eval scores context + continuation inside the window
+    keep = min(max(len(i) for i in ids), budget // 2)
+    if max(len(i) for i in ids) > keep:
+        choices = [tokenizer.decode(i[:keep]) if len(i) > keep else c for c, i in zip(choices, ids)]
+    ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
+    room = budget - keep
+    return (tokenizer.decode(ctx[-room:]) if len(ctx) > room else context), choices
 
 
 def write_local_tasks(out_dir: Path, texts: list[str], labels: list[str] | None, *, max_docs_per_task: int = 200,
-                      mc_docs: int = 200, max_chars: int = 1500, seed: int = 0) -> list[str]:
+                      mc_docs: int = 200, max_chars: int = 1500, seed: int = 0, tokenizer=None,
+                      max_length: int | None = None) -> list[str]:
     """Write the task YAMLs and their JSONL data into ``out_dir``; return the task names.
 
     Args:
@@ -81,6 +99,8 @@ def write_local_tasks(out_dir: Path, texts: list[str], labels: list[str] | None,
         max_docs_per_task: documents per perplexity task (a seeded subsample).
         mc_docs: questions in the multiple-choice task (documents of >= 40 characters).
         max_chars: documents are cut to this many characters.
+        tokenizer, max_length: the model's tokenizer and context; each multiple-choice question is cut
+            to fit it (:func:`fit_to_context`). Perplexity tasks score rolling windows, which always fit.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -88,11 +108,10 @@ def write_local_tasks(out_dir: Path, texts: list[str], labels: list[str] | None,
     groups: dict[str, list[int]] = {}
     for i, value in enumerate(labels if labels is not None else ["all"] * len(texts)):
         groups.setdefault(value, []).append(i)
+    names = task_names(list(groups))
     tasks = []
     for value, idx in sorted(groups.items()):
-        task = f"ccexp_ppl_{task_slug(value)}"
-        if task in tasks:
-            continue
+        task = names[value]
         pick = rng.permutation(idx)[:max_docs_per_task]
         data = out_dir / f"{task}.jsonl"
         data.write_text("".join(json.dumps({"text": texts[i]}) + "\n" for i in sorted(pick)))
@@ -111,8 +130,8 @@ def write_local_tasks(out_dir: Path, texts: list[str], labels: list[str] | None,
                 list(rng.choice([j for j in long_docs if j != i], size=3, replace=False))
             options = [halves[i][1]] + [halves[j][1] for j in distractors]
             order = rng.permutation(4)
-            rows.append({"context": halves[i][0], "choices": [options[k] for k in order],
-                         "label": int(np.flatnonzero(order == 0)[0])})
+            context, choices = fit_to_context(halves[i][0], [options[k] for k in order], tokenizer, max_length)
+            rows.append({"context": context, "choices": choices, "label": int(np.flatnonzero(order == 0)[0])})
         data = out_dir / "ccexp_continuation.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         (out_dir / "ccexp_continuation.yaml").write_text(_MC_TEMPLATE.format(task="ccexp_continuation", data=json.dumps(str(data.resolve()))))
@@ -171,13 +190,44 @@ def evaluate(cfg, model, tokenizer, heldout_texts: list[str], heldout_labels: di
     lcfg = cfg.eval.lm_eval
     tasks: list[str] = []
     task_dir = None
+    max_length = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
     if lcfg.local_tasks:
         task_dir = run_dir / "lm_eval_tasks"
         label = lcfg.label_field if lcfg.label_field in heldout_labels else None
         tasks += write_local_tasks(task_dir, heldout_texts, heldout_labels[label] if label else None,
-                                   max_docs_per_task=lcfg.max_docs_per_task, mc_docs=lcfg.mc_docs, seed=cfg.seed)
+                                   max_docs_per_task=lcfg.max_docs_per_task, mc_docs=lcfg.mc_docs, seed=cfg.seed,
+                                   tokenizer=tokenizer, max_length=max_length)
     tasks += list(lcfg.tasks)
     device = str(next(model.parameters()).device)
-    max_length = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
     return run_lm_eval(model, tokenizer, task_dir, tasks, batch_size=lcfg.batch_size, max_length=max_length,
                        limit=lcfg.limit, device=device, seed=cfg.seed)
+
+
+def check_tasks_offline(tasks: list[str]) -> None:
+    """Refuse, before any work, standard lm-eval tasks that are unknown or whose data is not in the
+    local cache (ccexp never downloads at run time): lm-eval builds each task offline here, as the run
+    would after training.
+
+    Raises:
+        CcexpError: naming the task and what is missing.
+    """
+    if not tasks:
+        return
+    import os
+
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from ccexp.errors import CcexpError
+
+    for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        os.environ.setdefault(key, "1")
+    manager = TaskManager()
+    for name in tasks:
+        if name not in manager.all_tasks:
+            raise CcexpError(f"eval.lm_eval.tasks: {name!r} is not an lm-eval task; check the name "
+                             "(`lm_eval --tasks list`)")
+        try:
+            get_task_dict([name], manager)
+        except Exception as e:
+            raise CcexpError(f"eval.lm_eval.tasks: {name!r} cannot be built offline ({str(e).splitlines()[0][:160]}); "
+                             "put its dataset in the local Hugging Face cache first, or drop the task") from None

@@ -12,7 +12,8 @@ token so that every document token is predicted. Definitions (all perplexities a
   held-out documents (a cluster scored on two documents is noise, not a worst case);
 * ``ppl_rare`` / ``ppl_common``: token-weighted over the held-out documents of the clusters in the
   bottom / top quintile of training cluster size (when ``sizes`` is given);
-* ``ppl_<label>/<value>``: per label value, e.g. ``ppl_domain/code.go``.
+* ``ppl_<label>/<value>``: per label value, e.g. ``ppl_domain/code.go`` (the value made a safe,
+  distinct name by :func:`ccexp.names.safe_names`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ccexp.names import safe_names
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,12 +96,14 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
     c_mean = np.full(num_clusters, np.nan)
     c_mean[present] = c_nll[present] / c_tok[present]
     c_ppl = np.exp(c_mean)
-    metrics["ppl_macro"] = float(np.exp(np.nanmean(c_mean)))
-    eligible = np.where(c_doc >= min_cluster_docs, c_ppl, np.nan)
+    scored = np.isfinite(c_mean)  # a model that diverged scores NaN: recorded as NaN, never a crash
+    metrics["ppl_macro"] = float(np.exp(c_mean[scored].mean())) if scored.any() else float("nan")
+    eligible = np.where((c_doc >= min_cluster_docs) & scored, c_ppl, np.nan)
     if np.isnan(eligible).all():
-        eligible = c_ppl
-    metrics["ppl_worst"] = float(np.nanmax(eligible))
-    metrics["ppl_worst_cluster"] = float(np.nanargmax(eligible))
+        eligible = np.where(scored, c_ppl, np.nan)
+    worst = int(np.nanargmax(eligible)) if not np.isnan(eligible).all() else -1
+    metrics["ppl_worst"] = float(eligible[worst]) if worst >= 0 else float("nan")
+    metrics["ppl_worst_cluster"] = float(worst)
     metrics["clusters_evaluated"] = float(present.sum())
     if sizes is not None and np.count_nonzero(sizes) >= 2:
         nonempty = np.flatnonzero(sizes > 0)
@@ -114,7 +119,8 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
         uniq, inv = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
         l_nll = np.bincount(inv, weights=nll, minlength=uniq.size)
         l_tok = np.bincount(inv, weights=ntok, minlength=uniq.size)
+        safe = safe_names(uniq)  # label values come from data: any string must make a valid, distinct name
         for u, a, b in zip(uniq, l_nll, l_tok):
             if b > 0:
-                metrics[f"ppl_{name}/{u}"] = float(np.exp(a / b))
+                metrics[f"ppl_{name}/{safe[u]}"] = float(np.exp(a / b))
     return PerplexityReport(metrics, {"nll": c_nll, "tokens": c_tok, "documents": c_doc, "ppl": c_ppl})

@@ -51,7 +51,7 @@ def load_reference_losses(source: str | Sequence[float] | None, num_clusters: in
         if not path.is_file():
             raise CcexpError(f"sampler.reference_losses={str(source)!r} does not exist; give a .npy or .json file "
                              "with one loss per cluster")
-        values = np.load(path) if path.suffix == ".npy" else np.asarray(json.loads(path.read_text()), dtype=float)
+        values = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.asarray(json.loads(path.read_text()), dtype=float)
     else:
         values = np.asarray(list(source), dtype=np.float64)
     if values.shape != (num_clusters,) or not np.isfinite(values).all():

@@ -3,6 +3,7 @@ what each rank trained on."""
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,54 @@ class HeldoutCurve(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if _ends_step(trainer, batch, self.every):
             self._evaluate(trainer, pl_module)
+
+
+class StopOnSignal(Callback):
+    """Stop on SIGTERM (Slurm, Kubernetes) or SIGINT (Ctrl-C) at the end of the current optimizer step,
+    never mid-accumulation: the signal only sets a flag; at the step's last micro-batch the ranks agree
+    (all-reduce), a checkpoint is saved to ``path`` (mid-epoch, so it resumes like any step
+    checkpoint) and :class:`~ccexp.errors.Interrupted` is raised, naming the checkpoint. A second
+    Ctrl-C stops at once. The previous handlers come back when training ends."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.signum = 0
+        self._previous: dict[int, object] = {}
+
+    def _flag(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts at once
+        log.warning("%s received: stopping after this optimizer step and saving a checkpoint",
+                    signal.Signals(signum).name)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._flag)  # replaces Lightning's, which would stop mid-accumulation
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not bool(batch["last_micro"]):
+            return
+        flag = torch.tensor([float(self.signum)], device=pl_module.device)
+        if trainer.world_size > 1:
+            flag = trainer.strategy.reduce(flag, reduce_op="max")
+        if flag.item():
+            trainer.save_checkpoint(self.path)
+            from ccexp.errors import Interrupted
+
+            raise Interrupted(int(flag.item()), f"stopped by {signal.Signals(int(flag.item())).name} after step "
+                                                f"{trainer.global_step}; resume with train.resume_from={self.path} "
+                                                "(or train.resume_from=last)")
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    # before Lightning's own teardown puts back the handlers it found (callbacks' teardown comes after it)
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore()

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import math
 
+import logging
+
 import lightning as L
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger("ccexp")
 
 
 class CausalLMModule(L.LightningModule):
@@ -28,10 +32,19 @@ class CausalLMModule(L.LightningModule):
         sampler: the policy that orders the data (optional in tests).
         lr, weight_decay, betas: AdamW settings.
         warmup_steps, total_steps: linear warm-up then cosine decay to 10 % of ``lr``.
+        on_nonfinite: ``stop`` (a non-finite loss raises :class:`~ccexp.errors.CcexpError` naming the
+            step and the last good checkpoint) or ``skip_batch`` (that micro-batch is skipped and its
+            tokens counted in ``skipped_tokens``); a non-finite gradient always stops.
+        signature: the settings that define the run's stream and model, written into every
+            checkpoint (``checkpoint["ccexp"]``) so a resume can be checked against them.
+
+    Raises:
+        CcexpError: for an unknown ``on_nonfinite``.
     """
 
     def __init__(self, model: torch.nn.Module, num_clusters: int, *, sampler=None, lr: float, weight_decay: float,
-                 warmup_steps: int, total_steps: int, betas: tuple[float, float] = (0.9, 0.95)):
+                 warmup_steps: int, total_steps: int, betas: tuple[float, float] = (0.9, 0.95),
+                 on_nonfinite: str = "stop", signature: dict | None = None):
         super().__init__()
         self.model = model
         self.sampler = sampler
@@ -45,6 +58,16 @@ class CausalLMModule(L.LightningModule):
         self.register_buffer("cluster_tokens", torch.zeros(self.num_clusters, dtype=torch.int64), persistent=True)
         self._step_loss: torch.Tensor | None = None  # per-cluster sums over the open step's micro-batches
         self._step_tokens: torch.Tensor | None = None
+        if on_nonfinite not in ("stop", "skip_batch"):
+            from ccexp.errors import CcexpError
+
+            raise CcexpError(f"train.on_nonfinite={on_nonfinite!r} is not an option; use stop or skip_batch")
+        self.on_nonfinite = on_nonfinite
+        self.skipped_tokens = 0
+        self.signature = dict(signature or {})  # what defines this run's stream and model, saved in checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["ccexp"] = self.signature
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """One micro-batch of ``[m, L]`` rows: token-mean cross-entropy over its ``m·L`` targets (every
@@ -56,6 +79,15 @@ class CausalLMModule(L.LightningModule):
                                    reduction="none")
         cid = batch["cluster_ids"].flatten()
         loss = loss_tok.mean() if self.loss_weights is None else (loss_tok * self.loss_weights[cid]).mean()
+        if self._not_finite(loss):
+            if self.on_nonfinite == "stop":
+                raise self._nonfinite_error("the training loss", batch)
+            self.skipped_tokens += int(cid.numel())  # skip_batch: no backward, no per-cluster sums
+            log.warning("train: non-finite loss at step %d, micro-batch %d: skipped (train.on_nonfinite=skip_batch)",
+                        int(batch["step"]), int(batch["micro"]))
+            if bool(batch["last_micro"]):
+                self._end_of_step(int(batch["step"]))
+            return None
         with torch.no_grad():
             if self._step_loss is None or self._step_loss.device != cid.device:
                 self._step_loss = torch.zeros(self.num_clusters, dtype=torch.float64, device=cid.device)
@@ -65,6 +97,29 @@ class CausalLMModule(L.LightningModule):
             if bool(batch["last_micro"]):
                 self._end_of_step(int(batch["step"]))
         return loss
+
+    def _not_finite(self, value: torch.Tensor) -> bool:
+        """True when ``value`` is NaN or infinite on any rank (agreed, so every rank takes the same path)."""
+        bad = (~torch.isfinite(value.detach())).float().reshape(1)
+        if self.trainer.world_size > 1:
+            bad = self.trainer.strategy.reduce(bad, reduce_op="max")
+        return bool(bad.item())
+
+    def _nonfinite_error(self, what: str, batch: dict | None = None):
+        from ccexp.errors import CcexpError
+
+        ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or ""
+        where = f"step {int(batch['step'])}, micro-batch {int(batch['micro'])}" if batch else f"step {self.global_step}"
+        return CcexpError(f"{what} is not finite (NaN or inf) at {where}; "
+                          + (f"the last good checkpoint is {ckpt}; " if ckpt else "no checkpoint was saved before it; ")
+                          + "lower train.lr, keep trainer.gradient_clip_val, or set train.on_nonfinite=skip_batch "
+                          "to skip such micro-batches")
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Stop before a non-finite gradient reaches the weights (whatever ``on_nonfinite`` says)."""
+        grads = [p.grad.detach() for p in self.model.parameters() if p.grad is not None]
+        if grads and not torch.isfinite(torch.stack([g.norm() for g in grads]).sum()):
+            raise self._nonfinite_error("the gradient")
 
     def _end_of_step(self, step: int) -> None:
         step_loss, step_tokens = self._step_loss, self._step_tokens

@@ -24,7 +24,7 @@ from ccexp.data.packing import TokenStream, stream_lengths
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.sampling import Sampler
-from ccexp.training.callbacks import BatchRecorder, HeldoutCurve, SamplerTelemetry
+from ccexp.training.callbacks import BatchRecorder, HeldoutCurve, SamplerTelemetry, StopOnSignal
 from ccexp.training.data import SamplerDataModule
 from ccexp.training.module import CausalLMModule
 
@@ -105,29 +105,85 @@ class FitResult:
         tokens = self.module.tokens_seen
         return {"train/tokens": float(tokens), "train/tokens_per_s": tokens / self.seconds, "time/train_seconds":
                 self.seconds, "data/truncated_tokens": float(self.stream.truncated_tokens),
-                "data/documents_started": float(self.stream.documents_started)}
+                "data/documents_started": float(self.stream.documents_started),
+                "train/skipped_tokens": float(self.module.skipped_tokens)}
+
+
+def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: int) -> dict:
+    """The settings that define a run's token stream and model: written into its checkpoints and
+    compared on resume (:func:`check_resume`). Steps, evaluation, logging and checkpointing may change."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    def settings(node) -> str:
+        return json.dumps({k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"},
+                          sort_keys=True, default=str)
+
+    t = cfg.train
+    return {"corpus": fingerprints.get("corpus"), "embedding": fingerprints.get("embed"),
+            "clustering": fingerprints.get("cluster"), "clusters": int(num_clusters),
+            "tokenizer": fingerprints.get("tokenize"), "sampler": settings(cfg.sampler),
+            "selection": settings(cfg.selection), "seed": int(cfg.seed), "model": settings(cfg.model),
+            "train.tokens_per_step": int(t.tokens_per_step), "train.seq_len": int(t.seq_len),
+            "train.max_doc_tokens": t.max_doc_tokens, "train.document_mask": bool(t.document_mask),
+            "train.grad_accumulation": int(t.grad_accumulation)}
+
+
+def check_resume(path: str, signature: dict) -> None:
+    """Refuse, in one line naming what differs, to resume a checkpoint saved under other settings.
+
+    Raises:
+        CcexpError: if the checkpoint is missing or unreadable, or its settings differ from ``signature``.
+    """
+    from ccexp.errors import CcexpError
+
+    if not Path(path).is_file():
+        raise CcexpError(f"train.resume_from={path!r} does not exist; give a checkpoint (.ckpt) of an earlier run "
+                         "or train.resume_from=last")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("ccexp")
+    except Exception as e:
+        raise CcexpError(f"train.resume_from={path!r} is not a readable checkpoint ({str(e).splitlines()[0][:120]})"
+                         ) from None
+    if saved is None:
+        log.warning("resume: %s carries no ccexp run signature; its settings cannot be checked", path)
+        return
+    differ = [f"{key} {saved.get(key)!r} -> {signature.get(key)!r}" for key in sorted(set(saved) | set(signature))
+              if saved.get(key) != signature.get(key)]
+    if differ:
+        raise CcexpError(f"train.resume_from={path} was saved with other settings ({'; '.join(differ)}); resume with "
+                         "the same corpus, clustering, sampler, model and token budget, or start a new run")
 
 
 def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torch.nn.Module,
-        tokenized: TokenizedCorpus, split: TrainSplit, labels: dict[str, list[str]]) -> FitResult:
+        tokenized: TokenizedCorpus, split: TrainSplit, labels: dict[str, list[str]], *, signature: dict,
+        resume_from: str | None = None) -> FitResult:
     """Fit ``model`` for ``train.steps`` optimizer steps of ``train.tokens_per_step`` tokens each, in the
-    order ``stream``'s sampler chooses (resuming from ``train.resume_from`` when set)."""
+    order ``stream``'s sampler chooses (resuming from ``resume_from``, checked against ``signature``).
+
+    Raises:
+        CcexpError: for a checkpoint saved under other settings, or a non-finite loss or gradient.
+        Interrupted: when SIGTERM or SIGINT stopped training (after saving a checkpoint).
+    """
     t0 = time.perf_counter()
+    if resume_from:
+        check_resume(resume_from, signature)
     sampler = stream.sampler
     dm = SamplerDataModule(stream, split.train_docs, tokenized.tokens, tokenized.offsets, total_steps=cfg.train.steps,
                            micro_batch_size=cfg.train.micro_batch_size, grad_accumulation=cfg.train.grad_accumulation,
                            eos_id=tokenized.tokenizer.eos_token_id, document_mask=cfg.train.document_mask)
     module = CausalLMModule(model, sampler.num_clusters, sampler=sampler, lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay, warmup_steps=cfg.train.warmup_steps,
-                            total_steps=cfg.train.steps)
+                            total_steps=cfg.train.steps, on_nonfinite=cfg.train.on_nonfinite, signature=signature)
     telemetry = SamplerTelemetry(sampler, cfg.train.log_every_n_steps)
-    callbacks = [telemetry, build_curve(cfg, split, tokenized, labels),
+    callbacks = [telemetry, build_curve(cfg, split, tokenized, labels), StopOnSignal(run_dir / "checkpoints" / "last.ckpt"),
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
     trainer = build_trainer(cfg, run_dir, logger, [c for c in callbacks if c is not None])
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.train.resume_from)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
     if "spawn" in str(cfg.trainer.strategy):
         # the ranks ran in child processes: take the sampler and stream state of the final checkpoint
-        state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         dm.load_state_dict(state[type(dm).__qualname__])
         module.load_state_dict(state["state_dict"], strict=False)
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry)

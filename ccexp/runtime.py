@@ -1,0 +1,18 @@
+"""Process-wide settings of a run: offline flags and one line per library message."""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+
+def quiet_libraries() -> None:
+    """Offline flags, and one line per message through Hydra's handlers (no duplicate or tip lines)."""
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.setdefault(key, "1")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs each CPU variant it tries
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning's own use of a torch deprecation
