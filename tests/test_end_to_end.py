@@ -41,7 +41,8 @@ def test_sweep_logs_one_finished_run_per_job_with_readable_names(sweep):
     expected = [(s, seed) for s in ("random", "uniform", "clusterclip") for seed in (0, 1)]
     assert len(rs) == 6 and all(r.info.status == "FINISHED" for r in rs)
     for r, (sampler, seed) in zip(rs, expected):
-        assert re.fullmatch(rf"jsonl-tiny_gpt-{sampler}-k4-s{seed}-[0-9a-f]{{4}}", r.info.run_name), r.info.run_name
+        assert re.fullmatch(rf"{sampler}-k4-s{seed}-[0-9a-f]{{4}}", r.info.run_name), r.info.run_name
+        assert r.data.tags["data"] == "jsonl" and r.data.tags["model"] == "tiny_gpt"
 
 
 def test_sweep_jobs_are_nested_under_one_parent_run_with_the_report(sweep):
@@ -198,3 +199,22 @@ def test_mlflow_server_serves_the_sweep_over_rest(sweep, tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_a_redirected_log_shows_progress_at_the_configured_interval(tmp_path, small_corpus):
+    """Long work shows life in a file: training lines every train.log_every_n_steps (step, tokens, loss,
+    tokens/s, ETA), one line per embedding shard, in the run's ccexp.log and in redirected stdout."""
+    import re as _re
+
+    from conftest import run_ccexp
+
+    proc = run_ccexp(*TINY, f"data.path={small_corpus}", f"paths.outputs={tmp_path}", "embedder.shard_size=100",
+                     "train.steps=6", "train.log_every_n_steps=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = next(tmp_path.glob("runs/*/*/ccexp.log")).read_text()
+    for text in (proc.stdout, log):
+        steps = [int(m) for m in _re.findall(r"train: step (\d+)/6 \(\d+%\), [\d,]+ tokens, loss [\d.]+, [\d,]+ "
+                                             r"tokens/s, ETA \d+s", text)]
+        assert steps == [2, 4, 6]
+        shards = _re.findall(r"embed: shard (\d+)/(\d+), [\d,]+ of [\d,]+ documents, \d+ docs/s, ETA", text)
+        assert len(shards) >= 3 and shards[-1][0] == shards[-1][1]

@@ -95,19 +95,39 @@ def use_gpu(device: str) -> bool:
 
 
 def train_centroids(x: np.ndarray, k: int, *, niter: int, seed: int, spherical: bool = True, nredo: int = 1,
-                    gpu: bool = False, verbose: bool = False) -> tuple[np.ndarray, float]:
+                    gpu: bool = False, verbose: bool = False, progress_every_s: float = 10.0) -> tuple[np.ndarray, float]:
     """FAISS k-means on all rows of ``x`` (float32[n, d], n >= k); returns centroids float32[k, d] and the
-    final objective."""
+    final objective. Lloyd iterations run in chunks, each continuing from the last centroids, so a
+    long clustering logs a progress line (iteration, objective, ETA) at least every
+    ``progress_every_s`` seconds.
+
+    Raises:
+        CcexpError: if ``x`` holds NaN or inf.
+    """
+    import time
+
     import faiss
 
     x = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x).all():
         raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
-    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, spherical=spherical, nredo=nredo, gpu=gpu,
-                      max_points_per_centroid=max(256, -(-x.shape[0] // k)), min_points_per_centroid=1,
-                      verbose=verbose)
-    km.train(x)
-    return km.centroids.astype(np.float32), float(km.obj[-1]) if len(km.obj) else float("nan")
+    chunk = max(1, niter // 10)
+    centroids, objective, done = None, float("nan"), 0
+    t0 = last = time.perf_counter()
+    while done < niter:
+        step = min(chunk, niter - done)
+        km = faiss.Kmeans(x.shape[1], k, niter=step, seed=seed + done, spherical=spherical,
+                          nredo=nredo if centroids is None else 1, gpu=gpu, verbose=verbose,
+                          max_points_per_centroid=max(256, -(-x.shape[0] // k)), min_points_per_centroid=1)
+        km.train(x, init_centroids=centroids)
+        centroids, done = km.centroids.copy(), done + step
+        objective = float(km.obj[-1]) if len(km.obj) else objective
+        now = time.perf_counter()
+        if now - last >= progress_every_s and done < niter:
+            last = now
+            log.info("cluster: k-means iteration %d/%d, objective %.5g, %.0f s, ETA %.0f s", done, niter, objective,
+                     now - t0, (now - t0) / done * (niter - done))
+    return centroids.astype(np.float32), objective
 
 
 def cosine_to(block: np.ndarray, centroids: np.ndarray, labels: np.ndarray) -> np.ndarray:

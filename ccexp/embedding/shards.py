@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ccexp.errors import CcexpError
 
@@ -65,20 +64,24 @@ def embed_shards(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: l
     docs_todo = sum(min(shard_size, len(texts) - i * shard_size) for i in todo)
     if skipped:
         log.info("embed: resuming, %d of %d shards already done", len(skipped), len(mine))
-    with tqdm(total=docs_todo, desc=f"embed (rank {rank})" if world_size > 1 else "embed", unit="doc",
-              mininterval=2.0, disable=not progress) as bar:
-        for i in todo:
-            start = i * shard_size
-            emb, long = encode(texts[start:start + shard_size])
-            bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
-            if bad.size:
-                raise CcexpError(f"embedding of document {start + bad[0]} is not finite; check that document or the "
-                                 "embedder model")
-            tmp = work_dir / f".shard-{i:06d}.{os.getpid()}.npy"
-            np.save(tmp, emb.astype(np.float16))
-            os.replace(tmp, shard_path(work_dir, i))
-            done_marker(work_dir, i).write_text(json.dumps({"rows": int(emb.shape[0]), "long_documents": int(long)}))
-            bar.update(emb.shape[0])
+    t0, docs_done = time.perf_counter(), 0
+    for n, i in enumerate(todo, start=1):
+        start = i * shard_size
+        emb, long = encode(texts[start:start + shard_size])
+        bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
+        if bad.size:
+            raise CcexpError(f"embedding of document {start + bad[0]} is not finite; check that document or the "
+                             "embedder model")
+        tmp = work_dir / f".shard-{i:06d}.{os.getpid()}.npy"
+        np.save(tmp, emb.astype(np.float16))
+        os.replace(tmp, shard_path(work_dir, i))
+        done_marker(work_dir, i).write_text(json.dumps({"rows": int(emb.shape[0]), "long_documents": int(long)}))
+        docs_done += emb.shape[0]
+        if progress:
+            rate = docs_done / max(time.perf_counter() - t0, 1e-9)
+            log.info("embed: shard %d/%d%s, %s of %s documents, %.0f docs/s, ETA %.0f s", n, len(todo),
+                     f" (rank {rank})" if world_size > 1 else "", f"{docs_done:,}", f"{docs_todo:,}", rate,
+                     (docs_todo - docs_done) / rate)
     long_total = sum(_marker(work_dir, i).get("long_documents", 0) for i in mine)
     return {"embedded": todo, "skipped": skipped, "long_documents": long_total}
 

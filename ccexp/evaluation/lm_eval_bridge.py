@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,16 +172,18 @@ def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, ba
     was_training = model.training
     model.eval()
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device, max_length=max_length)
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False,
-                                      bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,
-                                      torch_random_seed=seed, fewshot_random_seed=seed)
-    model.train(was_training)
     out: dict[str, float] = {}
-    for task, metrics in results["results"].items():
-        for key, value in metrics.items():
-            if "stderr" in key or not isinstance(value, (int, float)):
-                continue
-            out[f"{task}/{key.split(',')[0]}"] = float(value)
+    t0 = time.perf_counter()
+    for n, task in enumerate(tasks, start=1):  # one task at a time, so a long evaluation shows its progress
+        results = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit, log_samples=False,
+                                          bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,
+                                          torch_random_seed=seed, fewshot_random_seed=seed)
+        for name, metrics in results["results"].items():
+            for key, value in metrics.items():
+                if "stderr" not in key and isinstance(value, (int, float)):
+                    out[f"{name}/{key.split(',')[0]}"] = float(value)
+        log.info("lm-eval: task %d/%d %s done, %.0f s", n, len(tasks), task, time.perf_counter() - t0)
+    model.train(was_training)
     return out
 
 

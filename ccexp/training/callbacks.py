@@ -96,10 +96,12 @@ class HeldoutCurve(Callback):
     """
 
     def __init__(self, every: int, *, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, clusters: np.ndarray,
-                 num_clusters: int, labels: dict[str, list[str]], score_args: dict[str, int], min_cluster_docs: int):
+                 num_clusters: int, labels: dict[str, list[str]], score_args: dict[str, int], min_cluster_docs: int,
+                 label_names: dict[str, dict[str, str]] | None = None):
         self.every, self.tokens, self.offsets, self.docs = int(every), tokens, offsets, np.asarray(docs, dtype=np.int64)
         self.clusters, self.num_clusters, self.labels = np.asarray(clusters), int(num_clusters), labels
         self.score_args, self.min_cluster_docs = dict(score_args), int(min_cluster_docs)
+        self.label_names = label_names  # the corpus-wide value -> name map, so curve names match the final ones
         self.points: list[tuple[int, dict[str, float]]] = []  # (tokens trained, metrics), for plots and tests
 
     def _evaluate(self, trainer, pl_module) -> None:
@@ -111,7 +113,8 @@ class HeldoutCurve(Callback):
         model.train(was_training)
         if not trainer.is_global_zero:
             return
-        report = summarize(nll, ntok, self.clusters, self.num_clusters, self.labels, min_cluster_docs=self.min_cluster_docs)
+        report = summarize(nll, ntok, self.clusters, self.num_clusters, self.labels, min_cluster_docs=self.min_cluster_docs,
+                           label_names=self.label_names)
         metrics = {k: v for k, v in report.metrics.items()
                    if k in ("ppl", "ppl_macro", "ppl_worst") or "/" in k and not k.startswith("ppl_cluster/")}
         tokens = pl_module.tokens_seen
@@ -180,3 +183,37 @@ class StopOnSignal(Callback):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._restore()
+
+
+class ProgressLog(Callback):
+    """A log line every ``every`` optimizer steps and at the last (rank 0): step, tokens trained, the
+    step's loss, tokens/s since training started and the time left. Lines go through the ``ccexp``
+    logger, so they reach ``ccexp.log`` and a redirected stdout, not only a terminal's progress bar."""
+
+    def __init__(self, every: int):
+        self.every = max(1, int(every))
+        self._t0, self._step0, self._tokens0 = 0.0, 0, 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        import time
+
+        self._t0, self._step0, self._tokens0 = time.perf_counter(), trainer.global_step, pl_module.tokens_seen
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import time
+
+        if not (trainer.is_global_zero and _ends_step(trainer, batch, self.every)):
+            return
+        step, total = trainer.global_step, trainer.max_steps
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        done = max(step - self._step0, 1)
+        eta = elapsed / done * (total - step)
+        log.info("train: step %d/%d (%.0f%%), %s tokens, loss %.4f, %s tokens/s, ETA %s", step, total,
+                 100 * step / total, f"{pl_module.tokens_seen:,}", pl_module.last_loss,
+                 f"{(pl_module.tokens_seen - self._tokens0) / elapsed:,.0f}", _duration(eta))
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

@@ -64,6 +64,7 @@ class CausalLMModule(L.LightningModule):
             raise CcexpError(f"train.on_nonfinite={on_nonfinite!r} is not an option; use stop or skip_batch")
         self.on_nonfinite = on_nonfinite
         self.skipped_tokens = 0
+        self.last_loss = float("nan")
         self.signature = dict(signature or {})  # what defines this run's stream and model, saved in checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -131,8 +132,9 @@ class CausalLMModule(L.LightningModule):
         if self.sampler is not None:
             self.sampler.observe(step, step_loss.cpu().numpy(), step_tokens.cpu().numpy())
         total = step_tokens.sum()
-        self.log("train/loss", (step_loss.sum() / total.clamp(min=1)).float(), prog_bar=True, on_step=True,
-                 batch_size=1, rank_zero_only=True)
+        step_mean = (step_loss.sum() / total.clamp(min=1)).float()
+        self.last_loss = float(step_mean)  # for the progress line
+        self.log("train/loss", step_mean, prog_bar=True, on_step=True, batch_size=1, rank_zero_only=True)
         self.log("train/tokens", self.cluster_tokens.sum().double(), on_step=True, batch_size=1, rank_zero_only=True)
         self._step_loss.zero_()
         self._step_tokens.zero_()
