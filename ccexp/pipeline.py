@@ -47,7 +47,8 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     model = runner.build_model(cfg, tokenized.tokenizer)
 
     # 3. train, evaluate, record
-    tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name, "run_dir": str(run_dir)}
+    tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name, "run_dir": str(run_dir),
+            "recipe": cfg.recipe_name or "none"}
     with RunRecord(cfg, outputs, run_dir, tags) as record:
         signature = runner.run_signature(cfg, stage.fingerprints(), split.num_clusters)
         fit = runner.fit(cfg, run_dir, record.logger, stream, model, tokenized, split, corpus.labels,
@@ -65,6 +66,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
             record.log_artifacts([path], folder)
         for part, message in result.errors.items():
             record.set_tag(f"eval_error/{part}", message)
+        record.set_tag("stream_digest", fit.stream.digest)
         record.finish()
     log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s", record.name,
              time.perf_counter() - t_start, fit.seconds, fit.module.tokens_seen / fit.seconds, run_dir)

@@ -31,7 +31,7 @@ from ccexp.errors import CcexpError
 log = logging.getLogger("ccexp")
 
 # bump a stage's version when its output format or algorithm changes
-VERSIONS = {"corpus": 2, "embed": 2, "cluster": 3, "tokenize": 1}
+VERSIONS = {"corpus": 2, "embed": 2, "cluster": 4, "tokenize": 1}
 _LEVEL_ARRAYS = ("labels", "centroids", "sizes", "similarity", "parent")
 
 
@@ -189,7 +189,8 @@ class Stages:
             finest = result.levels[0]
             report = write_cluster_report(tmp / "report", labels=finest.labels, sizes=finest.sizes,
                                           similarity=finest.similarity, texts=corpus.texts, label_values=corpus.labels,
-                                          train_mask=~corpus.heldout)
+                                          train_mask=~corpus.heldout,
+                                          title=f"{self.cfg.data.name} / {self.cfg.clusterer.name} seed {self.cfg.seed}")
             return {"levels": [lv.k for lv in result.levels], "train_points": result.train_points,
                     "objective": result.objective, "largest": int(finest.sizes.max()),
                     "smallest": int(finest.sizes.min()), "empty": int((finest.sizes == 0).sum()), "report": report}

@@ -191,3 +191,24 @@ def test_sampler_level_outside_the_clustering_is_rejected():
         cfg = compose("config", overrides=["sampler.level=1"])
     with pytest.raises(CcexpError, match="sampler.level=1 but clusterer=kmeans has 1 level"):
         preflight(cfg)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 100_000), min_size=1, max_size=300), st.integers(1, 40))
+def test_size_histogram_counts_every_non_empty_cluster(sizes, bins):
+    from ccexp.clustering.report import size_histogram
+
+    sizes = np.array(sizes)
+    if not (sizes > 0).any():
+        sizes[0] = 1
+    counts, edges = size_histogram(sizes, bins)
+    assert counts.sum() == np.count_nonzero(sizes) and counts.size == edges.size - 1
+    assert edges[0] == sizes[sizes > 0].min() and edges[-1] > sizes.max()
+
+
+def test_size_histogram_keeps_the_smallest_cluster_of_105():
+    """shared issue 11: log-spaced edges put 105.00000000000004 above a smallest cluster of 105."""
+    from ccexp.clustering.report import size_histogram
+
+    sizes = np.array([105, 300, 2000, 15000, 105, 7])[:-1]
+    assert size_histogram(sizes)[0].sum() == 5

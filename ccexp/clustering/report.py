@@ -40,6 +40,18 @@ def agreement(labels: np.ndarray, values: list[str]) -> dict[str, float]:
             "purity": float(table.max(axis=1).sum() / labels.size)}
 
 
+def size_histogram(sizes: np.ndarray, bins: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """Counts int64[b] of non-empty clusters per log-spaced size bin, and the bin edges float[b+1] (in
+    training documents): the first edge is exactly the smallest size and the last one above the
+    largest, so every cluster is counted (a float edge computed as 105.00000000000004 for a smallest
+    cluster of 105 used to drop it)."""
+    nz = np.asarray(sizes)[np.asarray(sizes) > 0].astype(np.float64)
+    edges = np.geomspace(nz.min(), nz.max() + 1, min(bins, max(1, np.unique(nz).size)) + 1)
+    edges[0], edges[-1] = nz.min(), nz.max() + 1
+    counts, _ = np.histogram(nz, bins=edges)
+    return counts.astype(np.int64), edges
+
+
 def nearest_documents(labels: np.ndarray, similarity: np.ndarray, train_mask: np.ndarray, k: int,
                       per: int) -> list[np.ndarray]:
     """For each of the ``k`` clusters, its ``per`` training documents nearest the centroid (highest
@@ -51,13 +63,14 @@ def nearest_documents(labels: np.ndarray, similarity: np.ndarray, train_mask: np
 
 def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray, similarity: np.ndarray,
                          texts: list[str], label_values: dict[str, list[str]], train_mask: np.ndarray,
-                         samples_per_cluster: int = 3, max_clusters: int = 200, chars: int = 160) -> dict[str, float]:
+                         samples_per_cluster: int = 3, max_clusters: int = 200, chars: int = 160,
+                         title: str = "clustering") -> dict[str, float]:
     """Write the report files into ``out_dir``; return the metrics (``cluster/*`` names without prefix).
 
     Args:
         labels: int32[N]; sizes: int64[K] training documents per cluster; similarity: float32[N] cosine
             similarity to the centroid; texts: the N documents; label_values: name -> N values;
-            train_mask: bool[N].
+            train_mask: bool[N]; title: what the plot's title names (the corpus and clusterer).
     """
     import matplotlib
 
@@ -76,11 +89,14 @@ def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray
         np.add.at(table, (labels[train_idx], inv), 1)
         majority[name] = (uniq, table.argmax(axis=1), table.max(axis=1))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    nz = sizes[sizes > 0]
-    ax.hist(nz, bins=np.logspace(np.log10(nz.min()), np.log10(nz.max() + 1), 30))
-    ax.set(xscale="log", yscale="log", xlabel="cluster size (training documents)", ylabel="clusters",
-           title=f"cluster sizes (K={sizes.size}, Gini {metrics['gini']:.2f})")
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    counts, edges = size_histogram(sizes)
+    ax.stairs(counts, edges, fill=True)
+    ax.set(xscale="log", xlabel="cluster size (training documents, log scale)", ylabel="clusters",
+           title=f"{title}: cluster sizes\nK={sizes.size}, {int(counts.sum())} non-empty, Gini {metrics['gini']:.2f}")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(out_dir / "sizes.png", dpi=110)
     plt.close(fig)

@@ -24,6 +24,7 @@ lane being its own stream with its own carry-over.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,7 @@ class TokenStream:
         self._offset = np.zeros(lanes, dtype=np.int64)  # stream tokens of each lane's first pending doc consumed
         self.truncated_tokens = 0  # tokens cut by max_doc_tokens from the documents started so far
         self.documents_started = 0
+        self.digest = ""  # a chained hash of every step's plan: equal digests = the same token stream
 
     @property
     def tokens_per_step(self) -> int:
@@ -151,6 +153,8 @@ class TokenStream:
         length = np.concatenate(len_out)
         plan = StepPlan(self.step, np.concatenate(docs_out), np.concatenate(start_out),
                         np.concatenate([[0], np.cumsum(length)]).astype(np.int64), np.array(lane_base, dtype=np.int64))
+        self.digest = hashlib.blake2b(self.digest.encode() + plan.doc.tobytes() + plan.start.tobytes() +
+                                      plan.pos.tobytes(), digest_size=8).hexdigest()
         self.step += 1
         return plan
 
@@ -197,7 +201,7 @@ class TokenStream:
                 "pending_count": np.array([p.size for p in self._pending], dtype=np.int64),
                 "offset": self._offset.copy(), "truncated_tokens": self.truncated_tokens,
                 "documents_started": self.documents_started, "rows_per_step": self.rows_per_step,
-                "seq_len": self.seq_len}
+                "seq_len": self.seq_len, "digest": self.digest}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`.
@@ -217,3 +221,4 @@ class TokenStream:
         self.step = int(state["step"])
         self.truncated_tokens = int(state["truncated_tokens"])
         self.documents_started = int(state["documents_started"])
+        self.digest = str(state.get("digest", ""))

@@ -60,26 +60,44 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
             kl_uniform = np.nansum(np.where(q > 0, q * np.log(q * k_active), 0), axis=1)
         ax.plot(history_steps, kl_corpus, label="KL(trained mix || corpus mix)")
         ax.plot(history_steps, kl_uniform, label="KL(trained mix || uniform)")
-    ax.set(xlabel="step", ylabel="nats", title=f"{name}: trained cluster mix over time")
+    ax.set(xlabel="optimizer step", ylabel="KL divergence (nats)",
+           title=f"{name}: cluster mix of the documents drawn so far")
     ax.legend()
     paths.append(_save(fig, out_dir / "mix_over_time.png"))
 
+    from matplotlib.ticker import MaxNLocator
+
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     reps = np.array(sorted(repetition_hist))
-    a1.bar(reps, [repetition_hist[r] for r in reps])
-    a1.set(xlabel="times a document was drawn", ylabel="documents", title="repetition")
+    counts = [repetition_hist[r] for r in reps]
+    a1.bar(reps, counts)
     a1.set_yscale("log")
+    a1.set_ylim(bottom=0.8)  # every bar starts below 1, so heights compare on the log scale
+    for r, n in zip(reps, counts):
+        a1.annotate(f"{n:,}", (r, n), ha="center", va="bottom", fontsize=8)
+    a1.set(xlabel="times a document was drawn", ylabel="documents (log scale)", title="repetition")
+    a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     nz = sizes > 0
     a2.scatter(sizes[nz], exposure[nz], s=12)
-    a2.set(xscale="log", xlabel="cluster size (training documents)", ylabel="documents drawn",
+    a2.set(xscale="log", xlabel="cluster size (training documents, log scale)", ylabel="documents drawn",
            title="exposure per cluster")
+    a2.yaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(name)
     paths.append(_save(fig, out_dir / "repetition.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     ok = np.isfinite(heldout_ppl) & nz
-    ax.scatter(sizes[ok], heldout_ppl[ok], s=8 + 4 * np.sqrt(heldout_docs[ok]))
-    ax.set(xscale="log", xlabel="cluster size (training documents)", ylabel="held-out perplexity",
-           title=f"{name}: perplexity vs cluster size")
+
+    def marker(docs):
+        return 8 + 4 * np.sqrt(docs)
+
+    ax.scatter(sizes[ok], heldout_ppl[ok], s=marker(heldout_docs[ok]), alpha=0.7)
+    top = int(heldout_docs[ok].max()) if ok.any() else 1
+    for docs in sorted({1, max(1, top // 10), top}):  # a legend for the marker sizes
+        ax.scatter([], [], s=marker(docs), color="C0", alpha=0.7, label=f"{docs} held-out document{'s' * (docs > 1)}")
+    ax.legend(loc="best", fontsize=8, title="marker area", title_fontsize=8)
+    ax.set(xscale="log", xlabel="cluster size (training documents, log scale)",
+           ylabel="held-out perplexity (cluster's documents)", title=f"{name}: perplexity vs cluster size")
     paths.append(_save(fig, out_dir / "ppl_vs_size.png"))
 
     never = repetition_hist.get(0, 0)

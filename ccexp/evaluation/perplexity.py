@@ -79,7 +79,7 @@ class PerplexityReport:
 
 def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clusters: int,
               labels: dict[str, list[str]] | None = None, min_cluster_docs: int = 1,
-              sizes: np.ndarray | None = None) -> PerplexityReport:
+              sizes: np.ndarray | None = None, label_names: dict[str, dict[str, str]] | None = None) -> PerplexityReport:
     """Aggregate per-document NLL into the metrics of the module docstring (vectorised bincounts).
 
     Args:
@@ -119,7 +119,9 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
         uniq, inv = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
         l_nll = np.bincount(inv, weights=nll, minlength=uniq.size)
         l_tok = np.bincount(inv, weights=ntok, minlength=uniq.size)
-        safe = safe_names(uniq)  # label values come from data: any string must make a valid, distinct name
+        # label values come from data: any string must make a valid, distinct name (the corpus-wide map
+        # when given, so that names agree across runs and with the saved labels/<label>.json)
+        safe = (label_names or {}).get(name) or safe_names(uniq)
         for u, a, b in zip(uniq, l_nll, l_tok):
             if b > 0:
                 metrics[f"ppl_{name}/{safe[u]}"] = float(np.exp(a / b))

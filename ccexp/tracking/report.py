@@ -33,8 +33,10 @@ import numpy as np
 from ccexp.errors import CcexpError
 
 HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common"]
-_PATTERNS = [r"eval/ppl(_macro|_worst|_rare|_common)?$", r"eval/ppl_domain/.+", r"lm_eval/.+/(acc|acc_norm)$",
-             r"lm_eval/.+/word_perplexity$", r"train/tokens_per_s$"]
+_PATTERNS = [r"eval/ppl(_macro|_worst|_rare|_common)?$", r"eval/ppl_[a-z_]+/.+", r"lm_eval/.+/(acc|acc_norm)$",
+             r"lm_eval/.+/word_perplexity$"]
+# what a run cost: depends on the machine and what else ran on it, so it is kept apart from quality
+_COST = [r"train/tokens_per_s$", r"time/train_seconds$", r"time/total_seconds$"]
 
 
 def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
@@ -114,6 +116,8 @@ class Comparison:
     paired: dict[str, dict[str, dict]]
     baseline: str
     budget: str
+    cost: list[str]
+    notes: list[str]
 
     @classmethod
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool) -> "Comparison":
@@ -123,17 +127,18 @@ class Comparison:
         groups = dict(sorted(groups.items()))
         if require_baseline and baseline not in groups:
             raise CcexpError(f"--baseline {baseline!r} has no finished run here; the samplers are {', '.join(groups)}")
-        metrics = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _PATTERNS)},
+        metrics = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _PATTERNS)}
+                         | _label_values_without_documents(runs),
                          key=lambda k: (k not in HEADLINE, HEADLINE.index(k) if k in HEADLINE else 0, k))
+        cost = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _COST)})
         table = {m: {g: mean_ci([r.data.metrics[m] for r in rs if m in r.data.metrics]) for g, rs in groups.items()}
-                 for m in metrics}
-        quality = [m for m in metrics if not m.startswith("train/")]
-        paired = paired_differences(groups, baseline, quality) if baseline in groups and len(groups) > 1 else {}
+                 for m in metrics + cost}
+        paired = paired_differences(groups, baseline, metrics) if baseline in groups and len(groups) > 1 else {}
         tokens = sorted({int(r.data.metrics.get("train/tokens", -1)) for r in runs})
         budget = (f"Every run trained on exactly {tokens[0]:,} tokens (a token-fair comparison)." if len(tokens) == 1
                   and tokens[0] >= 0 else "Warning: the runs trained on different numbers of tokens ("
                   + ", ".join(f"{t:,}" for t in tokens if t >= 0) + "): differences mix policy and compute.")
-        return cls(title, groups, metrics, table, paired, baseline, budget)
+        return cls(title, groups, metrics, table, paired, baseline, budget, cost, _identical_streams(runs, group_by))
 
     @property
     def others(self) -> list[str]:
@@ -143,8 +148,16 @@ class Comparison:
         mean, half = self.table[m][g]
         n = sum(m in r.data.metrics for r in self.groups[g])
         if math.isnan(mean):
-            return "—"
-        return (f"{mean:.4g} ± {half:.2g}" if not math.isnan(half) else f"{mean:.4g}") + f" (n={n})"
+            return "no held-out documents" if self._no_documents(m, g) else "—"
+        return f"{mean:.4g} ± {half:.2g} (n={n})" if n >= 2 else f"{mean:.4g} (1 seed)"
+
+    def _no_documents(self, m: str, g: str) -> bool:
+        """True when ``m`` is a per-label perplexity and the group's runs had no held-out document of that value."""
+        head, _, name = m.rpartition("/")
+        if not head.startswith("eval/ppl_"):
+            return False
+        count = f"eval/heldout_docs_{head[len('eval/ppl_'):]}/{name}"
+        return all(r.data.metrics.get(count, 0) == 0 for r in self.groups[g])
 
     def diff(self, m: str, g: str) -> str:
         d = self.paired.get(m, {}).get(g)
@@ -155,10 +168,20 @@ class Comparison:
 
     def markdown(self) -> str:
         names = list(self.groups)
-        md = [f"# {self.title}", "", self.budget, "", "Mean ± half-width of the 95 % confidence interval over seeds "
-              "(Student's t); lower is better for perplexities, higher for accuracies.", "",
+        several = any(len({r.data.params.get("seed") for r in rs}) >= 2 for rs in self.groups.values())
+        spread = ("Mean ± half-width of the 95 % confidence interval over seeds (Student's t); a sampler with one "
+                  "seed has its mean only" if several else "One seed per sampler: means only, no confidence interval")
+        md = [f"# {self.title}", "", self.budget, "", f"{spread}; lower is better for perplexities, higher for "
+              "accuracies.", "",
               "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
         md += [f"| {m} | " + " | ".join(self.cell(m, g) for g in names) + " |" for m in self.metrics]
+        if self.notes:
+            md += [""] + [f"Note: {n}" for n in self.notes]
+        if self.cost:
+            md += ["", "## Cost", "", "What the runs cost (not quality: it depends on the machine and on what else ran "
+                   "on it while they did).", "",
+                   "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+            md += [f"| {m} | " + " | ".join(self.cell(m, g) for g in names) + " |" for m in self.cost]
         if self.paired:
             md += ["", f"## Paired differences against {self.baseline}", "",
                    f"Sampler − {self.baseline}, run by run with the same seed: mean ± half-width of the 95 % confidence "
@@ -181,16 +204,20 @@ class Comparison:
         paired = (f"<h2>Paired differences against {html.escape(self.baseline)}</h2><p>Same seed, mean ± 95 % CI; "
                   "* where the interval excludes 0.</p>" + table(list(self.paired), self.others, self.diff)
                   ) if self.paired else ""
+        notes = "".join(f"<p>Note: {html.escape(n)}</p>" for n in self.notes)
+        cost = ("<h2>Cost</h2><p>Not quality: it depends on the machine and on what else ran on it.</p>"
+                + table(self.cost, list(self.groups), self.cell)) if self.cost else ""
         return (f"<!doctype html><meta charset='utf-8'><title>{html.escape(self.title)}</title>"
                 f"<h1>{html.escape(self.title)}</h1><p>{html.escape(self.budget)}</p><p>Mean ± 95 % CI over seeds.</p>"
-                + table(self.metrics, list(self.groups), self.cell) + paired + "<p><img src='comparison.png'></p>")
+                + table(self.metrics, list(self.groups), self.cell) + notes + cost + paired
+                + "<p><img src='comparison.png'></p>")
 
     def write_csv(self, out_dir: Path, group_by: str) -> list[Path]:
         with open(out_dir / "comparison.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["metric", group_by, "mean", "ci95_half_width", "n"])
             w.writerows([m, g, *self.table[m][g], sum(m in r.data.metrics for r in rs)]
-                        for m in self.metrics for g, rs in self.groups.items())
+                        for m in self.metrics + self.cost for g, rs in self.groups.items())
         if not self.paired:
             return [out_dir / "comparison.csv"]
         with open(out_dir / "paired.csv", "w", newline="") as f:
@@ -199,6 +226,35 @@ class Comparison:
             w.writerows([m, g, self.baseline, d["mean"], d["half"], d["n"], int(d["significant"])]
                         for m, by in self.paired.items() for g, d in by.items())
         return [out_dir / "comparison.csv", out_dir / "paired.csv"]
+
+
+def _label_values_without_documents(runs: list) -> set[str]:
+    """``eval/ppl_<label>/<name>`` for every label value some run saw with no held-out documents, so
+    the report lists every value (as "no held-out documents") instead of dropping it."""
+    out = set()
+    for r in runs:
+        for k, v in r.data.metrics.items():
+            if k.startswith("eval/heldout_docs_") and v == 0:
+                head, _, name = k.rpartition("/")
+                out.add(f"eval/ppl_{head[len('eval/heldout_docs_'):]}/{name}")
+    return out
+
+
+def _identical_streams(runs: list, group_by: str) -> list[str]:
+    """Notes for groups whose runs with the same seed trained on the identical token stream (same
+    ``stream_digest`` tag): their differences are not the policies'."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for r in runs:
+        digest = r.data.tags.get("stream_digest")
+        if digest:
+            by.setdefault((r.data.params.get("seed", "?"), digest), []).append(
+                r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?")))
+    same: dict[tuple[str, ...], list[str]] = {}
+    for (seed, _), groups in by.items():
+        if len(set(groups)) > 1:
+            same.setdefault(tuple(sorted(set(groups))), []).append(seed)
+    return [f"{', '.join(g)} trained on the identical token stream (seed {', '.join(sorted(s))}): the sampling policies "
+            "made no difference there" for g, s in same.items()]
 
 
 def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, experiment: str = "ccexp",
@@ -221,25 +277,32 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     (out_dir / "report.md").write_text(comparison.markdown())
     (out_dir / "report.html").write_text(comparison.html())
     tables = comparison.write_csv(out_dir, group_by)
-    _plot(out_dir / "comparison.png", [m for m in HEADLINE if m in comparison.table] or comparison.metrics[:4],
-          list(comparison.groups), comparison.table)
+    _plot(out_dir / "comparison.png", comparison, [m for m in HEADLINE if m in comparison.table] or comparison.metrics[:4])
     return [out_dir / "report.md", out_dir / "report.html", *tables, out_dir / "comparison.png"]
 
 
-def _plot(path: Path, metrics: list[str], names: list[str], table) -> None:
+def _plot(path: Path, comparison: "Comparison", metrics: list[str]) -> None:
+    """The headline metrics as bars per group; whiskers (95 % CI) only where a group has 2 seeds or more."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4), squeeze=False)
+    names = list(comparison.groups)
+    seeds = {g: len({r.data.params.get("seed", "?") for r in rs}) for g, rs in comparison.groups.items()}
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.6), squeeze=False)
     for ax, m in zip(axes[0], metrics):
-        means = [table[m][g][0] for g in names]
-        errs = [0 if math.isnan(table[m][g][1]) else table[m][g][1] for g in names]
-        ax.bar(names, means, yerr=errs, capsize=4, color=[f"C{i}" for i in range(len(names))])
+        means = [comparison.table[m][g][0] for g in names]
+        errs = [comparison.table[m][g][1] for g in names]  # NaN (1 seed): no whisker is drawn
+        ax.bar(names, means, yerr=errs if not all(math.isnan(e) for e in errs) else None, capsize=4,
+               color=[f"C{i}" for i in range(len(names))])
         ax.set_title(m.replace("eval/", ""))
+        ax.set_ylabel("held-out perplexity" if m.startswith("eval/ppl") else m)
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle("mean ± 95 % CI over seeds")
+    low, high = min(seeds.values()), max(seeds.values())
+    spread = (f"mean ± 95 % CI over {low} seeds" if low == high >= 2 else
+              "mean of 1 seed (no interval)" if high < 2 else f"mean over {low}–{high} seeds, 95 % CI where ≥ 2")
+    fig.suptitle(f"{comparison.title}: {spread}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -23,8 +23,9 @@ from ccexp.build import build
 from ccexp.data.packing import TokenStream, stream_lengths
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
+from ccexp.names import safe_names
 from ccexp.sampling import Sampler
-from ccexp.training.callbacks import BatchRecorder, HeldoutCurve, SamplerTelemetry, StopOnSignal
+from ccexp.training.callbacks import BatchRecorder, HeldoutCurve, ProgressLog, SamplerTelemetry, StopOnSignal
 from ccexp.training.data import SamplerDataModule
 from ccexp.training.module import CausalLMModule
 
@@ -86,7 +87,8 @@ def build_curve(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, 
                         labels={k: [v[i] for i in sample] for k, v in labels.items()},
                         score_args=dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                                         max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size),
-                        min_cluster_docs=cfg.eval.min_cluster_docs)
+                        min_cluster_docs=cfg.eval.min_cluster_docs,
+                        label_names={k: safe_names(v) for k, v in labels.items()})
 
 
 @dataclass
@@ -177,7 +179,8 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
                             weight_decay=cfg.train.weight_decay, warmup_steps=cfg.train.warmup_steps,
                             total_steps=cfg.train.steps, on_nonfinite=cfg.train.on_nonfinite, signature=signature)
     telemetry = SamplerTelemetry(sampler, cfg.train.log_every_n_steps)
-    callbacks = [telemetry, build_curve(cfg, split, tokenized, labels), StopOnSignal(run_dir / "checkpoints" / "last.ckpt"),
+    callbacks = [telemetry, ProgressLog(cfg.train.log_every_n_steps), build_curve(cfg, split, tokenized, labels),
+                 StopOnSignal(run_dir / "checkpoints" / "last.ckpt"),
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
     trainer = build_trainer(cfg, run_dir, logger, [c for c in callbacks if c is not None])
     trainer.fit(module, datamodule=dm, ckpt_path=resume_from)

@@ -1,0 +1,50 @@
+"""The comparison report says only what its runs support: no interval from one seed, every label value
+listed, identical streams named, cost kept apart from quality, paired differences by seed."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from ccexp.tracking.report import Comparison
+
+
+def run(sampler: str, seed: int, metrics: dict, digest: str = ""):
+    return SimpleNamespace(data=SimpleNamespace(metrics={"train/tokens": 4096.0, **metrics}, params={"seed": str(seed)},
+                                                tags={"sampler": sampler, "stream_digest": digest}))
+
+
+def comparison(runs):
+    return Comparison.of(runs, title="t", group_by="sampler", baseline="random", require_baseline=False)
+
+
+def test_one_seed_gets_no_interval_and_says_so():
+    c = comparison([run("random", 0, {"eval/ppl": 10.0}), run("uniform", 0, {"eval/ppl": 9.0})])
+    assert c.cell("eval/ppl", "uniform") == "9 (1 seed)" and "±" not in c.markdown().split("## Paired")[0]
+    assert math.isnan(c.paired["eval/ppl"]["uniform"]["half"]) and not c.paired["eval/ppl"]["uniform"]["significant"]
+
+
+def test_paired_differences_pair_runs_by_seed():
+    runs = [run("random", s, {"eval/ppl": 10.0 + s}) for s in range(3)]
+    runs += [run("uniform", s, {"eval/ppl": 9.0 + s + 0.01 * s}) for s in range(3)]
+    d = comparison(runs).paired["eval/ppl"]["uniform"]
+    assert d["n"] == 3 and d["mean"] == pytest.approx(-0.99) and d["significant"]  # a steady -1 across seeds
+
+
+def test_a_label_value_without_held_out_documents_is_listed_not_dropped():
+    m = {"eval/ppl_domain/a": 5.0, "eval/heldout_docs_domain/a": 3.0, "eval/heldout_docs_domain/b": 0.0}
+    c = comparison([run("random", 0, m), run("uniform", 0, m)])
+    assert "eval/ppl_domain/b" in c.metrics and c.cell("eval/ppl_domain/b", "random") == "no held-out documents"
+
+
+def test_identical_streams_are_named_and_cost_is_kept_apart():
+    runs = [run("uniform", 0, {"eval/ppl": 9.0, "train/tokens_per_s": 100.0}, "abc"),
+            run("clusterclip", 0, {"eval/ppl": 9.0, "train/tokens_per_s": 90.0}, "abc"),
+            run("random", 0, {"eval/ppl": 10.0, "train/tokens_per_s": 95.0}, "def")]
+    c = comparison(runs)
+    assert c.notes == ["clusterclip, uniform trained on the identical token stream (seed 0): the sampling policies "
+                       "made no difference there"]
+    assert "train/tokens_per_s" not in c.metrics and c.cost == ["train/tokens_per_s"]
+    md = c.markdown()
+    assert md.index("## Cost") > md.index("| eval/ppl |") and "train/tokens_per_s" not in c.paired
