@@ -1,7 +1,7 @@
 """Config schemas (dataclasses) registered in Hydra's ConfigStore: the one place where every setting,
 its default and its range are written.
 
-Every config group option lists its schema first in its defaults list (``/schema/<group>/<name>``),
+Every config group option lists its schema first in its defaults list (``/schema_<group>_<name>``),
 so a misspelt key or a wrong type fails at compose time naming the key; the YAML options under
 ``ccexp/conf/`` set only what differs from the schema. A field's lower bound sits next to it
 (``ge(low, default)``) and :func:`ccexp.preflight.preflight` checks it before any work; values that
@@ -349,5 +349,5 @@ def schema_for(group: str, target: Any) -> type | None:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="root_schema", node=RootConfig)
-    for group, name, node in GROUP_SCHEMAS:
-        cs.store(group=f"schema/{group}", name=name, node=node)
+    for group, name, node in GROUP_SCHEMAS:  # root-level names, so `--help` lists only the real groups
+        cs.store(name=f"schema_{group}_{name}", node=node)

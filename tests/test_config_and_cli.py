@@ -265,3 +265,10 @@ def test_embedder_st_requires_a_model():
 def test_cli_gpu_trainer_without_gpu_fails_first(tmp_path):
     line = one_error_line(run_ccexp("trainer=gpu", f"paths.outputs={tmp_path}", cwd=ROOT))
     assert "needs a CUDA GPU" in line and not (tmp_path / "cache").exists()
+
+
+def test_help_lists_the_real_groups_only(tmp_path):
+    proc = run_ccexp("--help", cwd=ROOT)
+    assert proc.returncode == 0 and "schema" not in proc.stdout
+    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, random, uniform" in proc.stdout
+    assert "ccexp: does balancing" in proc.stdout and "docs/errors.md" in proc.stdout

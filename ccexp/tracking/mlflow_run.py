@@ -43,14 +43,14 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
 
 
 def run_name(cfg: DictConfig) -> str:
-    """A readable run name, ``<recipe|data>-<model>-<sampler>-k<K>-s<seed>-<config hash>`` (never
-    MLflow's random one, which repeats after a fixed seed). The 4-hex-digit hash of the resolved
-    config (paths excluded) tells apart runs that differ in any other setting; reruns of one config
-    share it."""
+    """A readable run name that starts with what usually differs inside a sweep,
+    ``<sampler>-k<K>[l<level>]-s<seed>-<config hash>`` (the corpus, model and recipe are run tags),
+    never MLflow's random one. The 4-hex-digit hash of the resolved config (paths and
+    ``train.resume_from`` excluded) tells apart runs that differ in any other setting; reruns of one
+    config share it."""
     import hashlib
     import json
 
-    data = OmegaConf.select(cfg, "recipe_name") or cfg.data.name
     container = OmegaConf.to_container(cfg, resolve=True)
     container.pop("paths", None)
     container.get("train", {}).pop("resume_from", None)
@@ -58,7 +58,7 @@ def run_name(cfg: DictConfig) -> str:
     from ccexp.preflight import cluster_count
 
     level = f"l{cfg.sampler.level}" if cfg.sampler.level else ""
-    return f"{data}-{cfg.model.name}-{cfg.sampler.name}-k{cluster_count(cfg)}{level}-s{cfg.seed}-{digest}"
+    return f"{cfg.sampler.name}-k{cluster_count(cfg)}{level}-s{cfg.seed}-{digest}"
 
 
 def open_store(uri: str):
@@ -80,7 +80,12 @@ def open_store(uri: str):
 
 
 def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
-    """The id of experiment ``name``, created with an explicit artifact folder if it does not exist."""
+    """The id of experiment ``name``, created with an explicit artifact folder if it does not exist.
+
+    A new experiment is tagged a classic ML experiment (``mlflow.experimentKind =
+    custom_model_development``), so MLflow 3's UI opens it on the runs table rather than its GenAI
+    traces view, and the store's empty ``Default`` experiment is removed so it does not sit beside it.
+    """
     from mlflow.exceptions import MlflowException
 
     artifacts = Path(artifact_location).resolve()
@@ -89,9 +94,15 @@ def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
     if exp is not None:
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifacts.as_uri())
+        experiment_id = client.create_experiment(name, artifact_location=artifacts.as_uri(),
+                                                 tags={"mlflow.experimentKind": "custom_model_development"})
     except MlflowException:  # another run created it in the meantime
         return client.get_experiment_by_name(name).experiment_id
+    default = client.get_experiment_by_name("Default")
+    if default is not None and default.lifecycle_stage == "active" and \
+            not client.search_runs([default.experiment_id], max_results=1):
+        client.delete_experiment(default.experiment_id)
+    return experiment_id
 
 
 class RunRecord:
