@@ -84,7 +84,7 @@ def test_c03_concurrent_runs_share_one_embedding_and_keep_their_own_files(tmp_pa
     for p, (_, err) in zip(procs, results):
         assert p.returncode == 0, err[-3000:]
     logs = "".join(out + err for out, err in results)
-    stage_lines = [ln for ln in logs.splitlines() if "[ccexp][INFO] - embed: " in ln]
+    stage_lines = [ln for ln in logs.splitlines() if "[ccexp][INFO] - embed: " in ln and "reused=" in ln]
     assert len(stage_lines) == 3 and sum("reused=False" in ln for ln in stage_lines) == 1  # embedded once
     assert len(list((out / "cache" / "embed").iterdir())) == 1
     run_dirs = sorted(out.glob("runs/*/*"))
