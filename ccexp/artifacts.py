@@ -73,7 +73,7 @@ class StageStore:
         final = self.path(stage, fp)
         final.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(final.parent)
-        tmp = final.parent / f".tmp-{fp}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = final.parent / f".tmp-{fp}-{os.getpid()}-{uuid.uuid4().hex[:8]}~{_host()}"
         tmp.mkdir()
         try:
             yield tmp
@@ -92,12 +92,31 @@ class StageStore:
             raise
 
 
+STALE_S = 7 * 24 * 3600  # another node's temporary folder untouched this long is abandoned
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname().replace("~", "_").replace("/", "_")
+
+
 def _remove_orphans(stage_dir: Path) -> None:
-    """Delete temporary folders left by writers that were killed (their process no longer exists)."""
+    """Delete temporary folders left by writers that were killed: on this node, those whose process no
+    longer exists; another node's (a shared file system) only when untouched for :data:`STALE_S`
+    seconds, since its process cannot be checked from here."""
     for tmp in stage_dir.glob(".tmp-*"):
-        parts = tmp.name.split("-")
+        name, _, host = tmp.name.partition("~")
+        parts = name.split("-")
         pid = int(parts[2]) if len(parts) >= 4 and parts[2].isdigit() else None
-        if pid is None or not _alive(pid):
+        if host and host != _host():
+            try:
+                stale = time.time() - tmp.stat().st_mtime > STALE_S
+            except FileNotFoundError:
+                continue
+            if stale:
+                shutil.rmtree(tmp, ignore_errors=True)
+        elif pid is None or not _alive(pid):
             shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -87,8 +87,45 @@ def _grad_accumulation_resolver(tokens_per_step, seq_len, micro_batch_size, devi
 
 
 OmegaConf.register_new_resolver("ccexp.grad_accumulation", _grad_accumulation_resolver, replace=True)
-# the process id in run folder names: runs started in the same second never share a folder
-OmegaConf.register_new_resolver("ccexp.pid", lambda: os.getpid(), replace=True)
+OmegaConf.register_new_resolver(  # GPUs a launcher asks for per node: the devices on a GPU trainer, else 0
+    "ccexp.gpus_per_node", lambda devices, accelerator: world_size(devices, 1, str(accelerator))
+    if str(accelerator) in ("gpu", "cuda") else 0, replace=True)
+# ${ccexp.world_size:${trainer.devices},${trainer.num_nodes},${trainer.accelerator}}: CluSTER's K = world size
+OmegaConf.register_new_resolver(
+    "ccexp.world_size", lambda devices, num_nodes, accelerator: world_size(devices, int(num_nodes), str(accelerator)),
+    replace=True)
+def run_id() -> str:
+    """The run folder's name, shared by every rank of one launch: ``slurm-<job>.<step>`` under srun with
+    several tasks, ``torchrun-<run id>-<port>`` under torchrun, else ``<HH-MM-SS>-<pid>`` (runs started
+    in the same second never share a folder)."""
+    import time
+
+    env = os.environ
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
+        return f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    if int(env.get("WORLD_SIZE", "1")) > 1 and "TORCHELASTIC_RUN_ID" in env:
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}-{env.get('MASTER_PORT', '0')}"
+    return f"{time.strftime('%H-%M-%S')}-{os.getpid()}"
+
+
+_SWEEP_ID: list[str] = []
+
+
+def sweep_id() -> str:
+    """The sweep folder's name (``<YYYY-MM-DD>/<HH-MM-SS>-<pid>`` of the launching process): kept in
+    ``CCEXP_SWEEP_ID`` by the sweep callback so jobs in other processes (submitit, Slurm) file their
+    outputs under the same sweep folder."""
+    import time
+
+    if "CCEXP_SWEEP_ID" in os.environ:
+        return os.environ["CCEXP_SWEEP_ID"]
+    if not _SWEEP_ID:
+        _SWEEP_ID.append(f"{time.strftime('%Y-%m-%d')}/{time.strftime('%H-%M-%S')}-{os.getpid()}")
+    return _SWEEP_ID[0]
+
+
+OmegaConf.register_new_resolver("ccexp.run_id", run_id, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("ccexp.sweep_id", sweep_id, replace=True)
 GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train.seq_len},${train.micro_batch_size},"
                      "${trainer.devices},${trainer.num_nodes},${trainer.accelerator}}")
 
@@ -125,6 +162,8 @@ class DataConfig:
     drop_empty: bool = True
     max_documents: Optional[int] = ge(1, None)
     heldout_fraction: float = 0.05  # in (0, 1): documents held out by a hash of their id
+    # instruction data: text_field is the prompt, this field the response; only response tokens are trained on
+    response_field: Optional[str] = None
 
 
 @dataclass
@@ -137,6 +176,21 @@ class EmbedderConfig:
     device: str = "auto"
     shard_size: int = ge(1, 2048)  # documents per shard: the unit of progress, resume and rank assignment
     long_documents: str = "truncate"  # truncate | chunk_mean: documents longer than max_seq_length tokens
+    trust_remote_code: bool = False  # run the model folder's own code (e.g. jina-embeddings-v2's ALiBi BERT)
+    prompt: Optional[str] = None  # text put before every document (e.g. "passage: " for E5-style models)
+    pooling: Optional[str] = None  # override the folder's pooling: mean | cls | max | lasttoken; null = as saved
+
+
+@dataclass
+class GradientProxyConfig:
+    _target_: str = "ccexp.embedding.gradient.GradientProxyEmbedder"
+    name: str = MISSING
+    model: str = "model"  # "model" = the run's own model.pretrained; or a local HF folder
+    batch_size: int = ge(1, 16)
+    max_seq_length: int = ge(2, 512)  # tokens read per document (prompt + response)
+    device: str = "auto"
+    shard_size: int = ge(1, 2048)
+    dtype: str = "float32"  # float32 | bfloat16 | float16 while embedding
 
 
 @dataclass
@@ -152,6 +206,8 @@ class KMeansConfig:
     assign_batch: int = 65536
     device: str = "auto"  # auto (GPU when FAISS has one) | cpu | gpu
     verbose: bool = False
+    # CluSTER's size cap: no cluster holds more than ceil((1+ε) N/K) training documents; null = no cap
+    size_cap_epsilon: Optional[float] = ge(0, None)
 
 
 @dataclass
@@ -232,6 +288,8 @@ class TokenizerConfig:
     kind: str = "bpe"  # bpe (trained locally) | pretrained (from model.pretrained)
     vocab_size: int = ge(300, 4096)  # a byte-level BPE needs its 256 bytes and merges
     path: Optional[str] = None
+    # the token put before every packed document; null = BOS if the tokenizer adds one (Llama), else EOS
+    separator: Optional[str] = None
 
 
 @dataclass
@@ -254,6 +312,21 @@ class HFCausalLMConfig:
     dtype: str = "float32"
     gradient_checkpointing: bool = False
     tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(kind="pretrained", path=None))
+    # the numbers of the model's config.json (model_type, hidden_size, ...): python -m ccexp.plan builds the
+    # model from them on the meta device without the weights; null = read config.json from model.pretrained
+    architecture: Optional[dict] = None
+
+
+@dataclass
+class FSDPConfig:
+    """``trainer.strategy=fsdp`` (:mod:`ccexp.training.distributed`)."""
+
+    auto_wrap: Optional[str] = "decoder_layer"  # decoder_layer (the model's _no_split_modules) | null (one unit)
+    activation_checkpointing: bool = True  # recompute each decoder layer's activations in the backward pass
+    sharding_strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | NO_SHARD
+    state_dict_type: str = "sharded"  # sharded (each rank writes its shard) | full
+    cpu_offload: bool = False
+    load_weights: str = "rank0"  # rank0 (read once, other ranks on the meta device, broadcast) | every_rank
 
 
 @dataclass
@@ -268,6 +341,7 @@ class TrainerConfig:
     gradient_clip_val: Optional[float] = 1.0
     threads: Optional[int] = ge(1, None)  # torch.set_num_threads on CPU; None = torch's default
     enable_progress_bar: bool = True
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # used when strategy=fsdp
 
 
 @dataclass
@@ -322,7 +396,8 @@ class RootConfig:
 
 # (group, schema name, dataclass): every config group option names one of these in its defaults list
 GROUP_SCHEMAS = [
-    ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig), ("clusterer", "kmeans", KMeansConfig),
+    ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig),
+    ("embedder", "gradient_proxy", GradientProxyConfig), ("clusterer", "kmeans", KMeansConfig),
     ("clusterer", "hierarchical", HierarchicalConfig),
     ("sampler", "random", RandomConfig), ("sampler", "uniform", UniformConfig), ("sampler", "clusterclip", ClusterClipConfig),
     ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),

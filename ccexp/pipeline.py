@@ -37,14 +37,15 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     # 1. preprocessing: cached stages that return typed artifacts
     stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
     corpus = stage.corpus()
-    clustering = stage.cluster(corpus, stage.embed(corpus))
-    tokenized = stage.tokenize(corpus)
+    pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
+    clustering = stage.cluster(corpus, stage.embed(corpus, pretrained))
+    tokenized = stage.tokenize(corpus, pretrained)
     split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering))
 
     # 2. the components
     sampler = runner.build_sampler(cfg, split, tokenized)
     stream = runner.build_token_stream(cfg, sampler, split, tokenized)
-    model = runner.build_model(cfg, tokenized.tokenizer)
+    model = runner.build_model(cfg, tokenized, pretrained)
 
     # 3. train, evaluate, record
     tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name, "run_dir": str(run_dir),
@@ -55,7 +56,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
                          signature=signature, resume_from=record.resume_checkpoint(cfg.train.resume_from, outputs))
         if not fit.is_global_zero:
             return {}
-        result = evaluate(cfg, fit.module.model, tokenized, split, corpus, run_dir)
+        result = evaluate(cfg, fit.model, tokenized, split, corpus, run_dir)
         files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels)
         step = cfg.train.steps
         record.log_stages(stage.results, stage.cluster_report(), step)

@@ -117,6 +117,16 @@ def _check_trainer(cfg: DictConfig) -> None:
     if not (devices == "auto" or (isinstance(devices, int) and (devices >= 1 or devices == -1))
             or OmegaConf.is_list(devices)):
         raise CcexpError(f"trainer.devices={devices!r} is not valid; use a count >= 1, -1 (all), 'auto' or a list of ids")
+    if str(t.strategy).startswith("fsdp"):
+        f = t.fsdp
+        for key, value, options in (("auto_wrap", f.auto_wrap, ("decoder_layer", None)),
+                                    ("sharding_strategy", f.sharding_strategy,
+                                     ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")),
+                                    ("state_dict_type", f.state_dict_type, ("sharded", "full")),
+                                    ("load_weights", f.load_weights, ("rank0", "every_rank"))):
+            if value not in options:
+                raise CcexpError(f"trainer.fsdp.{key}={value!r} is not an option; use "
+                                 + " or ".join("null" if o is None else o for o in options))
     if t.accelerator in ("gpu", "cuda"):
         import torch
 
@@ -155,7 +165,13 @@ def _check_model(cfg: DictConfig) -> None:
 
 
 def require_local_model(name: str, key: str) -> None:
-    """A local folder, or a model id already in the local Hugging Face cache; else one-line error."""
+    """A local folder, a GGUF file (also ``pkg:<package>/<file>``), or a model id already in the local
+    Hugging Face cache; else one-line error."""
+    from ccexp.training.pretrained import is_gguf, resolve_pretrained
+
+    name = resolve_pretrained(name)
+    if is_gguf(name):
+        return
     path = Path(name).expanduser()
     looks_like_path = name.startswith(("/", ".", "~")) or path.exists()
     if looks_like_path:
@@ -175,6 +191,9 @@ def _check_components(cfg: DictConfig) -> None:
     loaded) and the sampler on K one-document clusters, which must also lay out a step's rows."""
     build(cfg.clusterer, "clusterer")
     build(cfg.embedder, "embedder")
+    if OmegaConf.select(cfg, "embedder.model") == "model" and "pretrained" not in cfg.model:
+        raise CcexpError(f"embedder={cfg.embedder.name} embeds with the run's pretrained model but model="
+                         f"{cfg.model.name} has none; use model=hf_causal_lm model.pretrained=... (or +recipe=cluster_sft)")
     k = cluster_count(cfg)
     sampler = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
                     seed=cfg.seed, **({"similarity": np.zeros(k, dtype=np.float32)}

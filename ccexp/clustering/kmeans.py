@@ -169,6 +169,41 @@ def assign(x: np.ndarray, centroids: np.ndarray, *, spherical: bool = True, batc
     return labels, score
 
 
+def capped_assign(x: np.ndarray, centroids: np.ndarray, cap: int, *, spherical: bool = True) -> np.ndarray:
+    """Assign every row of ``x`` (float32[n, d]) to a centroid (float32[K, d]) so that no cluster gets more
+    than ``cap`` rows, each row as near as the caps allow: in rounds, every unassigned row proposes to
+    its nearest centroid not yet refused, and each centroid accepts its nearest proposers while it has
+    room (deferred acceptance, vectorised; at most K rounds). Needs ``K · cap >= n``.
+
+    Returns:
+        int32[n] labels.
+
+    Raises:
+        CcexpError: if the caps cannot hold every row, or the [n, K] score matrix would exceed 2^28 entries.
+    """
+    n, k = x.shape[0], centroids.shape[0]
+    if k * cap < n:
+        raise CcexpError(f"clusterer: a size cap of {cap} x {k} clusters cannot hold {n} documents; raise "
+                         "clusterer.size_cap_epsilon")
+    if n * k > 2**28:
+        raise CcexpError(f"clusterer.size_cap_epsilon is meant for few clusters (K = world size); {n} x {k} scores "
+                         "is too many: set it to null")
+    score = x @ centroids.T if spherical else -((x[:, None, :] - centroids[None]) ** 2).sum(-1)
+    labels = np.full(n, -1, dtype=np.int32)
+    room = np.full(k, cap, dtype=np.int64)
+    while (todo := np.flatnonzero(labels < 0)).size:
+        choice = np.argmax(score[todo], axis=1)
+        best = score[todo, choice]
+        order = np.lexsort((-best, choice))  # by centroid, nearest proposer first
+        ch = choice[order]
+        first = np.searchsorted(ch, ch, side="left")
+        accepted = (np.arange(ch.size) - first) < room[ch]
+        labels[todo[order[accepted]]] = ch[accepted]
+        room -= np.bincount(ch[accepted], minlength=k)
+        score[todo[order[~accepted]], ch[~accepted]] = -np.inf  # refused: propose elsewhere next round
+    return labels
+
+
 def training_sample(train_idx: np.ndarray, size: int, seed: int) -> np.ndarray:
     """A seeded sample (sorted indices) of at most ``size`` training documents."""
     if train_idx.size <= size:
@@ -196,11 +231,20 @@ class FaissKMeans:
         assign_batch: vectors per assignment batch.
         device: ``auto`` (GPU when FAISS has one), ``cpu`` or ``gpu``.
         verbose: FAISS's per-iteration log.
+        size_cap_epsilon: CluSTER's size cap (SAMPLING.md, CluSTER step 2): no cluster holds more than
+            ``ceil((1 + ε) · N_train / K)`` training documents — documents of a full cluster go to their
+            next-nearest centroid with room (:func:`capped_assign`); None = plain nearest-centroid.
+
+    Raises:
+        CcexpError: for ``size_cap_epsilon < 0``.
     """
 
     def __init__(self, k: int = 32, niter: int = 20, seed: int = 0, max_points_per_centroid: int = 256,
                  spherical: bool = True, nredo: int = 1, assign_batch: int = 65536, device: str = "auto",
-                 verbose: bool = False):
+                 verbose: bool = False, size_cap_epsilon: float | None = None):
+        if size_cap_epsilon is not None and not size_cap_epsilon >= 0:
+            raise CcexpError(f"clusterer.size_cap_epsilon={size_cap_epsilon} must be >= 0 (or null for no cap)")
+        self.size_cap_epsilon = size_cap_epsilon
         self.k, self.niter, self.seed = int(k), int(niter), int(seed)
         self.max_points_per_centroid = int(max_points_per_centroid)
         self.spherical, self.nredo = bool(spherical), int(nredo)
@@ -226,5 +270,13 @@ class FaissKMeans:
         log.info("cluster: k-means trained on %d of %d training documents (K=%d, %d iterations%s)",
                  sample.size, train_idx.size, self.k, self.niter, ", GPU" if gpu else "")
         labels, similarity = assign(embeddings, centroids, spherical=self.spherical, batch=self.assign_batch, gpu=gpu)
+        if self.size_cap_epsilon is not None:
+            cap = int(np.ceil((1 + self.size_cap_epsilon) * train_idx.size / self.k))
+            x = np.asarray(embeddings[train_idx], dtype=np.float32)
+            capped = capped_assign(x, centroids, cap, spherical=self.spherical)
+            log.info("cluster: size cap %d (epsilon %.2f): %d of %d training documents moved to a cluster with room",
+                     cap, self.size_cap_epsilon, int((capped != labels[train_idx]).sum()), train_idx.size)
+            labels[train_idx] = capped
+            similarity[train_idx] = cosine_to(x, centroids, capped)
         sizes = np.bincount(labels[train_idx], minlength=self.k).astype(np.int64)
         return Clustering([Level(labels, centroids, sizes, similarity)], int(sample.size), objective)

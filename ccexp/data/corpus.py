@@ -30,6 +30,9 @@ class Corpus:
     texts: list[str]
     labels: dict[str, list[str]] = field(default_factory=dict)
     heldout: np.ndarray | None = None
+    # instruction data: int64[N] characters of each text that are its prompt (text = prompt + response);
+    # only the response is trained on. None for plain documents.
+    prompt_chars: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -101,7 +104,7 @@ def _iter_parquet(path: Path, columns: list[str]):
 
 def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "text", id_field: str | None = "id",
                 label_fields: list[str] | None = None, drop_empty: bool = True,
-                max_documents: int | None = None) -> Corpus:
+                max_documents: int | None = None, response_field: str | None = None) -> Corpus:
     """Read documents from a JSON-lines (optionally gzip) or Parquet file.
 
     Args:
@@ -113,6 +116,9 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
         drop_empty: drop documents whose text is empty or whitespace (logged); else raise.
         max_documents: keep only this many documents, chosen by the smallest hash of their id (a
             deterministic subsample that keeps the corpus mix in expectation).
+        response_field: instruction data (supervised fine-tuning): ``text_field`` holds the prompt and
+            this field the response; a document is prompt + response, and ``Corpus.prompt_chars``
+            marks where the response starts (only response tokens are trained on).
 
     Raises:
         CcexpError: missing file, unknown format, invalid UTF-8 or JSON, a missing or non-string
@@ -129,12 +135,14 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
     if fmt == "jsonl":
         records = _iter_jsonl(path)
     elif fmt == "parquet":
-        records = _iter_parquet(path, [text_field] + ([id_field] if id_field else []) + label_fields)
+        records = _iter_parquet(path, [text_field] + ([response_field] if response_field else [])
+                                + ([id_field] if id_field else []) + label_fields)
     else:
         raise CcexpError(f"data.format={fmt!r} is not an option; use auto, jsonl or parquet")
 
     ids: list[str] = []
     texts: list[str] = []
+    prompt_chars: list[int] = []
     labels: dict[str, list[str]] = {name: [] for name in label_fields}
     empty = 0
     for row, rec in records:
@@ -150,15 +158,20 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
         except UnicodeEncodeError:
             raise CcexpError(f"{path}: record {row} field {text_field!r} holds a lone surrogate (an escaped "
                              "\\ud800-\\udfff without its pair), which is not valid Unicode; fix that record") from None
-        if not text.strip():
+        prompt = text
+        if response_field:
+            response = _response(path, row, rec, response_field)
+            text = prompt + response
+        if not (response.strip() if response_field else text.strip()):
             if not drop_empty:
-                raise CcexpError(f"{path}: record {row} has an empty {text_field!r}; remove it or set "
-                                 "data.drop_empty=true")
+                raise CcexpError(f"{path}: record {row} has an empty {response_field or text_field!r}; remove it "
+                                 "or set data.drop_empty=true")
             empty += 1
             continue
         doc_id = rec.get(id_field) if id_field else None
         ids.append(str(doc_id) if doc_id is not None else f"row-{row}")
         texts.append(text)
+        prompt_chars.append(len(prompt))
         for name in label_fields:
             value = rec.get(name)
             labels[name].append("(none)" if value is None or value == "" else str(value))
@@ -166,10 +179,20 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
         log.warning("corpus: dropped %d empty document(s) from %s", empty, path)
     if not texts:
         raise CcexpError(f"{path}: no non-empty documents in field {text_field!r}")
-    corpus = Corpus(ids, texts, labels)
+    corpus = Corpus(ids, texts, labels, prompt_chars=np.asarray(prompt_chars, dtype=np.int64) if response_field else None)
     if max_documents is not None and max_documents < len(corpus):
         corpus = subset(corpus, np.sort(np.argsort(id_hash(corpus.ids, "subsample"))[:max_documents]))
     return corpus
+
+
+def _response(path: Path, row: int, rec: dict, response_field: str) -> str:
+    if response_field not in rec:
+        raise CcexpError(f"{path}: record {row} has no field {response_field!r} (fields: {sorted(rec)}); set "
+                         "data.response_field to the field that holds the response, or null for plain documents")
+    response = rec[response_field]
+    if not isinstance(response, str):
+        raise CcexpError(f"{path}: record {row} field {response_field!r} is {type(response).__name__}, not a string")
+    return response
 
 
 def id_hash(ids: list[str], salt: str) -> np.ndarray:
@@ -199,4 +222,5 @@ def split_heldout(ids: list[str], fraction: float, salt: str = "ccexp-heldout") 
 def subset(corpus: Corpus, index: np.ndarray) -> Corpus:
     return Corpus([corpus.ids[i] for i in index], [corpus.texts[i] for i in index],
                   {k: [v[i] for i in index] for k, v in corpus.labels.items()},
-                  None if corpus.heldout is None else corpus.heldout[index])
+                  None if corpus.heldout is None else corpus.heldout[index],
+                  None if corpus.prompt_chars is None else corpus.prompt_chars[index])

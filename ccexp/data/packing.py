@@ -160,7 +160,8 @@ class TokenStream:
 
     # -- rows ----------------------------------------------------------------------------------
     def rows(self, plan: StepPlan, rows: np.ndarray, *, tokens: np.ndarray, offsets: np.ndarray,
-             corpus_index: np.ndarray, eos_id: int, document_mask: bool) -> dict[str, torch.Tensor]:
+             corpus_index: np.ndarray, eos_id: int, document_mask: bool,
+             prompt_tokens: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         """Materialise rows ``rows`` (int64[m], indices among the step's R rows) of ``plan``.
 
         Args:
@@ -169,6 +170,9 @@ class TokenStream:
             eos_id: the separator token.
             document_mask: also return ``position_ids`` restarting at 0 at each document (and row)
                 start; Hugging Face models then attend only within each document.
+            prompt_tokens: instruction data, int64[N] prompt tokens of each corpus document: also
+                return ``loss_mask`` bool[m, L], True where the target is a response token (prompt
+                tokens and separators are not trained on).
 
         Returns:
             ``input_ids``, ``labels`` (the next token of every input) and ``cluster_ids`` (the cluster
@@ -186,6 +190,9 @@ class TokenStream:
         out = {"input_ids": torch.from_numpy(ids[:, :-1].copy()), "labels": torch.from_numpy(ids[:, 1:].copy()),
                "cluster_ids": torch.from_numpy(self.sampler.labels[doc[:, :-1]].astype(np.int64)),
                "doc_ids": torch.from_numpy(doc[:, :-1].copy())}
+        if prompt_tokens is not None:
+            target_doc = corpus_index[doc[:, 1:]]
+            out["loss_mask"] = torch.from_numpy(k[:, 1:] - 1 >= prompt_tokens[target_doc])
         if document_mask:
             s = seg[:, :-1]
             col = np.arange(self.seq_len)

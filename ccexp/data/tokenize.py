@@ -18,11 +18,18 @@ EOS = "<|endoftext|>"
 @dataclass
 class TokenizedCorpus:
     """tokens: int32[T] (memory-mapped); offsets: int64[N+1] (document d is
-    ``tokens[offsets[d]:offsets[d+1]]``); tokenizer: the Hugging Face tokenizer."""
+    ``tokens[offsets[d]:offsets[d+1]]``); tokenizer: the Hugging Face tokenizer; separator_id: the
+    token before every document (:func:`separator_id`)."""
 
     tokens: np.ndarray
     offsets: np.ndarray
     tokenizer: object
+    separator_id: int = -1  # the token put before every document in the packed stream (-1: the tokenizer's EOS)
+    prompt_tokens: np.ndarray | None = None  # instruction data: int64[N] leading prompt tokens (not trained on)
+
+    def __post_init__(self):
+        if self.separator_id < 0:
+            self.separator_id = int(self.tokenizer.eos_token_id)
 
     def lengths(self, docs: np.ndarray) -> np.ndarray:
         """int64[n]: tokens of each document in ``docs``."""
@@ -69,6 +76,24 @@ def load_tokenizer(path: str | Path):
     return tok
 
 
+def separator_id(tok, separator: str | None = None) -> int:
+    """The token put before every document of the packed stream: ``separator`` when given, else the
+    tokenizer's BOS when it adds one to every input (Llama-style ``add_bos_token``), else its EOS.
+
+    Raises:
+        CcexpError: if ``separator`` is not a single token of this tokenizer's vocabulary.
+    """
+    if separator:
+        sid = tok.convert_tokens_to_ids(separator)
+        if sid is None or sid == tok.unk_token_id and separator != tok.unk_token:
+            raise CcexpError(f"model.tokenizer.separator={separator!r} is not a token of this tokenizer; give one "
+                             f"of its special tokens, e.g. {tok.eos_token!r}")
+        return int(sid)
+    if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None:
+        return int(tok.bos_token_id)
+    return int(tok.eos_token_id)
+
+
 def encode_corpus(tok, texts: list[str], batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """Tokenize every document (no special tokens).
 
@@ -86,3 +111,25 @@ def encode_corpus(tok, texts: list[str], batch: int = 4096) -> tuple[np.ndarray,
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
     return tokens, offsets
+
+
+def encode_instructions(tok, texts: list[str], prompt_chars: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokenize instruction documents (``text = prompt + response``, the prompt being the first
+    ``prompt_chars[d]`` characters) with prompt and response encoded apart.
+
+    Returns:
+        ``tokens`` int32[T], ``offsets`` int64[N+1] (as :func:`encode_corpus`) and ``prompt_tokens``
+        int64[N]: document d's first ``prompt_tokens[d]`` tokens are its prompt.
+    """
+    cut = np.asarray(prompt_chars, dtype=np.int64)
+    p_tok, p_off = encode_corpus(tok, [t[:c] for t, c in zip(texts, cut)])
+    r_tok, r_off = encode_corpus(tok, [t[c:] for t, c in zip(texts, cut)])
+    p_len, r_len = np.diff(p_off), np.diff(r_off)
+    offsets = np.concatenate([[0], np.cumsum(p_len + r_len)]).astype(np.int64)
+    tokens = np.empty(int(offsets[-1]), dtype=np.int32)
+    # document d: its prompt tokens, then its response tokens
+    d_p = np.repeat(np.arange(len(texts)), p_len)
+    tokens[offsets[d_p] + (np.arange(p_tok.size) - p_off[d_p])] = p_tok
+    d_r = np.repeat(np.arange(len(texts)), r_len)
+    tokens[offsets[d_r] + p_len[d_r] + (np.arange(r_tok.size) - r_off[d_r])] = r_tok
+    return tokens, offsets, p_len.astype(np.int64)

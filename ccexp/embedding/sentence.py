@@ -50,13 +50,22 @@ class SentenceEmbedder:
             ``truncate`` (the model reads its beginning only; such documents are counted and a warning
             names them) or ``chunk_mean`` (it is cut into windows of ``max_seq_length`` tokens, each
             embedded, and the mean of the window embeddings, renormalised, is its embedding).
+        trust_remote_code: let the model folder run its own modelling code (jina-embeddings-v2, the
+            8k-context model ClusterClip uses, needs it); only for folders you trust.
+        prompt: a text put before every document (E5/BGE-style "passage: " prompts).
+        pooling: replace the folder's pooling with ``mean``, ``cls``, ``max`` or ``lasttoken``; None
+            keeps the saved one (a plain Hugging Face folder gets mean pooling).
 
     Raises:
         CcexpError: for a setting out of range, an unknown ``long_documents``, or a missing model.
     """
 
     def __init__(self, model: str = "minilm", batch_size: int = 64, max_seq_length: int = 256,
-                 device: str = "auto", shard_size: int = 2048, long_documents: str = "truncate"):
+                 device: str = "auto", shard_size: int = 2048, long_documents: str = "truncate",
+                 trust_remote_code: bool = False, prompt: str | None = None, pooling: str | None = None):
+        if pooling not in (None, "mean", "cls", "max", "lasttoken"):
+            raise CcexpError(f"embedder.pooling={pooling!r} is not an option; use mean, cls, max, lasttoken or null")
+        self.trust_remote_code, self.prompt, self.pooling = bool(trust_remote_code), prompt, pooling
         if long_documents not in ("truncate", "chunk_mean"):
             raise CcexpError(f"embedder.long_documents={long_documents!r} is not an option; use truncate or chunk_mean")
         self.long_documents = long_documents
@@ -77,12 +86,18 @@ class SentenceEmbedder:
 
         device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
         try:
-            model = SentenceTransformer(self.model_path, device=device, local_files_only=True)
+            model = SentenceTransformer(self.model_path, device=device, local_files_only=True,
+                                        trust_remote_code=self.trust_remote_code)
         except (OSError, ValueError, KeyError) as e:
             raise CcexpError(f"embedder.model={self.model_path!r} is not a loadable sentence-transformers model "
                              f"({str(e).splitlines()[0][:100]}); give a folder saved with SentenceTransformer.save()"
                              ) from None
         model.max_seq_length = self.max_seq_length
+        if self.pooling:
+            from sentence_transformers.models import Pooling
+
+            at = next(name for name, module in model._modules.items() if isinstance(module, Pooling))
+            model._modules[at] = Pooling(model.get_embedding_dimension(), pooling_mode=self.pooling)
         return model
 
     def _encode(self, texts: list[str]) -> np.ndarray:
@@ -92,7 +107,8 @@ class SentenceEmbedder:
         if self.device == "auto" and torch.cuda.device_count() > 1:
             devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         return self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                                  show_progress_bar=False, **({"device": devices} if devices else {}))
+                                  show_progress_bar=False, **({"device": devices} if devices else {}),
+                                  **({"prompt": self.prompt} if self.prompt else {}))
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, int]:
         """float32[n, d] L2-normalised embeddings of ``texts``, and how many were longer than
@@ -129,11 +145,7 @@ class SentenceEmbedder:
         Raises:
             CcexpError: if the model cannot be loaded or yields a non-finite embedding.
         """
-        from ccexp.embedding.shards import assemble, embed_shards, wait_for_shards
+        from ccexp.embedding.shards import embed_and_assemble
 
-        work_dir = Path(work_dir or Path(out_path).parent / "shards")
-        stats = embed_shards(self.encode, texts, work_dir, shard_size=self.shard_size, rank=rank, world_size=world_size)
-        if rank != 0:
-            return None, stats
-        wait_for_shards(work_dir, -(-len(texts) // self.shard_size))
-        return assemble(work_dir, len(texts), self.shard_size, Path(out_path)), stats
+        return embed_and_assemble(self.encode, texts, out_path, work_dir, shard_size=self.shard_size, rank=rank,
+                                  world_size=world_size)

@@ -112,3 +112,20 @@ def assemble(work_dir: Path, n_docs: int, shard_size: int, out_path: Path) -> np
     out.flush()
     del out
     return np.load(out_path, mmap_mode="r")
+
+
+def embed_and_assemble(encode: Callable[[list], tuple[np.ndarray, int]], items: list, out_path: Path,
+                       work_dir: Path | None, *, shard_size: int, rank: int = 0,
+                       world_size: int = 1) -> tuple[np.ndarray | None, dict]:
+    """Embed this rank's shards of ``items`` (:func:`embed_shards`), then — on rank 0, once every rank's
+    shards are done — assemble float16[N, d] at ``out_path`` (:func:`assemble`).
+
+    Returns:
+        the embeddings memory-mapped (None on other ranks) and :func:`embed_shards`' statistics.
+    """
+    work_dir = Path(work_dir or Path(out_path).parent / "shards")
+    stats = embed_shards(encode, items, work_dir, shard_size=shard_size, rank=rank, world_size=world_size)
+    if rank != 0:
+        return None, stats
+    wait_for_shards(work_dir, -(-len(items) // shard_size))
+    return assemble(work_dir, len(items), shard_size, Path(out_path)), stats

@@ -90,7 +90,7 @@ def heldout_perplexity(cfg: DictConfig, model, tokenized: TokenizedCorpus, split
                        held_labels: dict[str, list[str]], names: dict[str, dict[str, str]] | None = None):
     """Held-out perplexity overall, per cluster and per label (:class:`PerplexityReport`)."""
     tok, held = tokenized.tokenizer, split.heldout_docs
-    nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tok.eos_token_id,
+    nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tokenized.separator_id,
                              pad_id=tok.pad_token_id, max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size,
                              device=next(model.parameters()).device)
     report = summarize(nll, ntok, split.labels[held], split.num_clusters, held_labels,

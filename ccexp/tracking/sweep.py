@@ -73,6 +73,9 @@ class MlflowSweepCallback(Callback):
             raise Refused(str(e)) from None
         LAST_SWEEP_FAILURES.clear()
         _ACTIVE = self
+        from ccexp.config import sweep_id
+
+        os.environ["CCEXP_SWEEP_ID"] = sweep_id()  # jobs in other processes (submitit) share the sweep folder
         if not config.logger.enabled:
             return
         from ccexp.tracking.mlflow_run import PARENT_ENV, ensure_experiment, open_store, tracking_uri
@@ -105,6 +108,10 @@ class MlflowSweepCallback(Callback):
         finally:
             self.close("FAILED" if failed else "FINISHED")
             _ACTIVE = None
+            from ccexp.config import _SWEEP_ID
+
+            os.environ.pop("CCEXP_SWEEP_ID", None)
+            _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
 
     def _report(self, out: Path) -> None:
         from mlflow import MlflowClient

