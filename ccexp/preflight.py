@@ -118,6 +118,9 @@ def _check_trainer(cfg: DictConfig) -> None:
             or OmegaConf.is_list(devices)):
         raise CcexpError(f"trainer.devices={devices!r} is not valid; use a count >= 1, -1 (all), 'auto' or a list of ids")
     if str(t.strategy).startswith("fsdp"):
+        if t.accelerator == "cpu":
+            raise CcexpError("trainer.strategy=fsdp needs CUDA GPUs (Lightning's FSDP does not run on the CPU); use "
+                             "trainer=fsdp on a GPU machine, or trainer.strategy=ddp_spawn on the CPU")
         f = t.fsdp
         for key, value, options in (("auto_wrap", f.auto_wrap, ("decoder_layer", None)),
                                     ("sharding_strategy", f.sharding_strategy,

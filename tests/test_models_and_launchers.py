@@ -125,6 +125,26 @@ def test_only_response_tokens_are_targets(tiny_hf_folder):
     assert not (out["loss_mask"] & (out["labels"] == 0)).any()  # separators are not trained on
 
 
+def test_heldout_scoring_of_instruction_data_counts_response_tokens_given_the_prompt(tiny_hf_folder):
+    from ccexp.data.tokenize import encode_instructions, load_tokenizer
+    from ccexp.evaluation.perplexity import document_nll
+    from ccexp.training.models import hf_causal_lm
+
+    tok, model = load_tokenizer(tiny_hf_folder), hf_causal_lm(str(tiny_hf_folder))
+    texts = ["define the word cat: a thing that sat", "answer: the mat"]
+    cut = np.array([texts[0].index(":") + 1, len("answer:")])
+    tokens, offsets, prompt_tokens = encode_instructions(tok, texts, cut)
+    nll, ntok = document_nll(model, tokens, offsets, np.arange(2), eos_id=0, pad_id=0, max_tokens=64,
+                             prompt_tokens=prompt_tokens)
+    assert ntok.tolist() == (np.diff(offsets) - prompt_tokens).tolist()
+    for d in range(2):  # by hand: the whole document in context, the response tokens scored
+        ids = torch.tensor([[0] + tokens[offsets[d]:offsets[d + 1]].tolist()])
+        with torch.no_grad():
+            logp = model(input_ids=ids).logits[0, :-1].log_softmax(-1)
+        per_token = -logp.gather(1, ids[0, 1:, None])[:, 0]
+        assert nll[d] == pytest.approx(float(per_token[prompt_tokens[d]:].sum()), rel=1e-4)
+
+
 # -- CluSTER: gradient proxy and size cap ------------------------------------------------------------
 def test_gradient_proxy_is_the_mean_of_p_minus_one_times_h_over_response_tokens(tiny_hf_folder, tmp_path):
     from ccexp.embedding.gradient import GradientProxyEmbedder

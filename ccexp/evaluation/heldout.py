@@ -91,6 +91,7 @@ def heldout_perplexity(cfg: DictConfig, model, tokenized: TokenizedCorpus, split
     """Held-out perplexity overall, per cluster and per label (:class:`PerplexityReport`)."""
     tok, held = tokenized.tokenizer, split.heldout_docs
     nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tokenized.separator_id,
+                             prompt_tokens=tokenized.prompt_tokens,
                              pad_id=tok.pad_token_id, max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size,
                              device=next(model.parameters()).device)
     report = summarize(nll, ntok, split.labels[held], split.num_clusters, held_labels,

@@ -45,11 +45,24 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
 @torch.no_grad()
 def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, *,
                  eos_id: int, pad_id: int, max_tokens: int, batch_size: int = 32,
-                 device: torch.device | str = "cpu") -> tuple[np.ndarray, np.ndarray]:
-    """Summed NLL (float64[n], nats) and scored token count (int64[n]) of each document in ``docs``."""
+                 device: torch.device | str = "cpu", prompt_tokens: np.ndarray | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Summed NLL (float64[n], nats) and scored token count (int64[n]) of each document in ``docs``,
+    read from its start (after the separator) for at most ``max_tokens`` tokens.
+
+    ``prompt_tokens`` (instruction data, int64[N] over the corpus): only response tokens are scored,
+    each window holding the last at most ``max_tokens // 2`` prompt tokens as context and then the
+    response, ``max_tokens`` tokens in all.
+    """
     model.eval()
     docs = np.asarray(docs, dtype=np.int64)
-    lengths = np.minimum(offsets[docs + 1] - offsets[docs], max_tokens)
+    begin = offsets[docs].copy()
+    end = offsets[docs + 1]
+    context = np.zeros(docs.size, dtype=np.int64)  # leading tokens of each window that are not scored
+    if prompt_tokens is not None:
+        context = np.minimum(prompt_tokens[docs], max_tokens // 2)
+        begin = begin + prompt_tokens[docs] - context
+    lengths = np.minimum(end - begin, max_tokens)
     nll = np.zeros(docs.size, dtype=np.float64)
     order = np.argsort(lengths, kind="stable")  # batch similar lengths together
     for start in range(0, docs.size, batch_size):
@@ -59,16 +72,15 @@ def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray
         labels = np.full((sel.size, width), -100, dtype=np.int64)
         ids[:, 0] = eos_id
         for row, k in enumerate(sel):
-            piece = tokens[offsets[docs[k]]:offsets[docs[k]] + lengths[k]]
+            piece = tokens[begin[k]:begin[k] + lengths[k]]
             ids[row, 1:1 + piece.size] = piece
-            labels[row, 1:1 + piece.size] = piece
+            labels[row, 1 + context[k]:1 + piece.size] = piece[context[k]:]
         ids_t, labels_t = torch.from_numpy(ids).to(device), torch.from_numpy(labels).to(device)
-        attn = (labels_t != -100)
-        attn[:, 0] = True
+        attn = torch.from_numpy(np.arange(width)[None, :] <= lengths[sel][:, None]).to(device)
         logits = model(input_ids=ids_t, attention_mask=attn.long()).logits
         loss, _ = token_losses(logits, labels_t)
         nll[sel] = loss.sum(dim=1).double().cpu().numpy()
-    return nll, lengths.astype(np.int64)
+    return nll, (lengths - context).astype(np.int64)
 
 
 @dataclass

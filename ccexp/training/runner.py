@@ -100,6 +100,7 @@ def build_curve(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, 
                         clusters=split.labels[sample], num_clusters=split.num_clusters,
                         labels={k: [v[i] for i in sample] for k, v in labels.items()},
                         score_args=dict(eos_id=tokenized.separator_id, pad_id=tok.pad_token_id,
+                                        prompt_tokens=tokenized.prompt_tokens,
                                         max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size),
                         min_cluster_docs=cfg.eval.min_cluster_docs,
                         label_names={k: safe_names(v) for k, v in labels.items()})
