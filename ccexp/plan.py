@@ -2,10 +2,10 @@
 download) and prints its parameters and the per-GPU memory of weights, gradients, optimizer state
 and activations under the chosen trainer strategy, precision and micro-batch.
 
-    python -m ccexp.plan +recipe=llama2_7b [--gpu-gb 80] [key=value ...]
+    python -m ccexp.plan model +recipe=llama2_7b [--gpu-gb 80] [key=value ...]
 
-The architecture comes from ``model.architecture`` (the numbers of the model's ``config.json``,
-carried by the recipe), or from ``model.pretrained`` when that is a local folder or cached.
+The architecture comes from ``model.pretrained``'s ``config.json`` when that is a local folder or
+cached, else from ``model.architecture`` (the same numbers, carried by the recipe: no download).
 
 Estimates (bytes; P parameters, W ranks, m micro-batch rows, s = seq_len, h hidden, L layers, V vocab):
 * weights / gradients / AdamW state: 2 / 2 / 4 bytes per parameter with ``bf16-true`` (the
@@ -35,7 +35,7 @@ def build_meta_model(cfg):
     """The configured model on the meta device (no memory, no download) and its HF config.
 
     Raises:
-        CcexpError: if neither ``model.architecture`` nor a local ``model.pretrained`` gives the architecture.
+        CcexpError: if neither a local ``model.pretrained`` nor ``model.architecture`` gives the architecture.
     """
     import torch
     from omegaconf import OmegaConf
@@ -43,25 +43,29 @@ def build_meta_model(cfg):
 
     m = cfg.model
     arch = OmegaConf.select(cfg, "model.architecture")
-    if arch:
-        arch = OmegaConf.to_container(arch, resolve=True)
-        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
-    elif "pretrained" in m:
+    config = None
+    if "pretrained" in m:  # a local folder or cached id: its own config.json wins over the recipe's numbers
         from ccexp.training.pretrained import is_gguf, resolve_pretrained
 
         source = resolve_pretrained(m.pretrained)
-        if is_gguf(source):
-            raise CcexpError("ccexp.plan reads the architecture from model.architecture for a GGUF model; add it")
-        try:
-            config = AutoConfig.from_pretrained(source, local_files_only=True)
-        except (OSError, ValueError):
-            raise CcexpError(f"model.pretrained={m.pretrained!r} is not available locally and the config has no "
-                             "model.architecture; add the numbers of its config.json as model.architecture") from None
-    else:  # tiny_gpt: built from its own settings
+        if not is_gguf(source):
+            try:
+                config = AutoConfig.from_pretrained(source, local_files_only=True)
+            except (OSError, ValueError):
+                if not arch:
+                    raise CcexpError(f"model.pretrained={m.pretrained!r} is not available locally and the config has "
+                                     "no model.architecture; add the numbers of its config.json as model.architecture"
+                                     ) from None
+        elif not arch:
+            raise CcexpError("ccexp.plan reads a GGUF model's architecture from model.architecture; add it")
+    if config is None and arch:
+        arch = OmegaConf.to_container(arch, resolve=True)
+        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+    elif config is None:  # tiny_gpt: built from its own settings
         from transformers import GPT2Config
 
         config = GPT2Config(vocab_size=m.tokenizer.vocab_size, n_positions=m.n_positions, n_embd=m.n_embd,
-                            n_layer=m.n_layer, n_head=m.n_head)
+                            n_layer=m.n_layer, n_head=m.n_head, bos_token_id=0, eos_token_id=0)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return model, config
@@ -107,7 +111,8 @@ def estimate(cfg, model, config, gpu_gb: float) -> dict:
 def render(cfg, e: dict) -> str:
     name = cfg.recipe_name or cfg.model.name
     lines = [f"ccexp plan: {name} ({cfg.model.get('pretrained', cfg.model.name)})",
-             f"  parameters          {e['parameters'] / 1e9:.2f} B ({e['parameters']:,})",
+             f"  parameters          " + (f"{e['parameters'] / 1e9:.2f} B" if e["parameters"] >= 1e9 else
+                                         f"{e['parameters'] / 1e6:.1f} M") + f" ({e['parameters']:,})",
              f"  ranks               {e['world_size']} ({cfg.trainer.devices} devices x {cfg.trainer.num_nodes} node(s)), "
              f"{e['strategy']}, {e['precision']}",
              f"  step                {e['tokens_per_step']:,} tokens = {e['world_size']} ranks x {e['grad_accumulation']} "
@@ -128,10 +133,17 @@ def render(cfg, e: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ccexp.plan", description=__doc__.splitlines()[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "model":
+        print("usage: python -m ccexp.plan model [--gpu-gb 80] [overrides ...]   (the model's memory per GPU)",
+              file=sys.stderr)
+        return 2
+    ap = argparse.ArgumentParser(prog="python -m ccexp.plan model", description=__doc__.splitlines()[0])
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80: A100/H100 80GB)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m ccexp (e.g. +recipe=llama2_7b)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(argv[1:])
+    if not args.gpu_gb > 0:
+        ap.error(f"--gpu-gb={args.gpu_gb} must be > 0")
     from hydra import compose, initialize_config_dir
 
     from ccexp.__main__ import CONFIG_DIR

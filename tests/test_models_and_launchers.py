@@ -248,7 +248,7 @@ def test_plan_cli_prints_the_table(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "+recipe=mistral_7b", "--gpu-gb", "80"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "model", "+recipe=mistral_7b", "--gpu-gb", "80"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"parameters\s+7\.24 B", proc.stdout) and "per-GPU memory (GiB)" in proc.stdout
