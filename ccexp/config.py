@@ -254,6 +254,19 @@ class UniformConfig(SamplerConfig):
 
 
 @dataclass
+class TemperatureConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.TemperatureSampler"
+    alpha: float = 0.5  # π_c ∝ n_c^α: 1 = random's cluster mix, 0 = uniform over clusters
+
+
+@dataclass
+class UniMaxConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.UniMaxSampler"
+    max_epochs: int = 4  # E: no document is drawn more than E times; the rest of the budget goes to larger clusters
+    on_exhausted: str = "error"  # error | reset
+
+
+@dataclass
 class ClusterClipConfig(SamplerConfig):
     _target_: str = "ccexp.sampling.ClusterClipSampler"
     clip_threshold: int = 5
@@ -400,6 +413,7 @@ GROUP_SCHEMAS = [
     ("embedder", "gradient_proxy", GradientProxyConfig), ("clusterer", "kmeans", KMeansConfig),
     ("clusterer", "hierarchical", HierarchicalConfig),
     ("sampler", "random", RandomConfig), ("sampler", "uniform", UniformConfig), ("sampler", "clusterclip", ClusterClipConfig),
+    ("sampler", "temperature", TemperatureConfig), ("sampler", "unimax", UniMaxConfig),
     ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),
     ("model", "tiny_gpt", TinyGPTConfig), ("model", "hf_causal_lm", HFCausalLMConfig),
     ("trainer", "trainer", TrainerConfig), ("logger", "logger", LoggerConfig), ("eval", "eval", EvalConfig),

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ccexp.errors import CcexpError
-from ccexp.sampling import ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler, UniformSampler
+from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler, TemperatureSampler,
+                            UniformSampler, UniMaxSampler)
 from ccexp.sampling.permutation import affine_permute, derive_keys, pass_hash, shuffled_groups
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -208,6 +209,8 @@ POLICIES = [
     (DynamicSampler, dict(warmup_steps=0, update_every=1, rule="doremi", reference_losses=[1.0] * 5,
                           clip_threshold=4, on_exhausted="reset")),
     (ClusterDPSampler, dict(keep="random")),
+    (TemperatureSampler, dict(alpha=0.5)),
+    (UniMaxSampler, dict(max_epochs=2, on_exhausted="reset")),
 ]
 
 

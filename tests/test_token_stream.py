@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ccexp.data.packing import TokenStream, stream_lengths
-from ccexp.sampling import ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler, UniformSampler, rank_slice
+from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler, TemperatureSampler,
+                            UniformSampler, UniMaxSampler, rank_slice)
 
 EOS = 0
 POLICIES = [
@@ -20,6 +21,8 @@ POLICIES = [
     (ClusterClipSampler, dict(clip_threshold=2, after_clip="proportional", on_exhausted="reset")),
     (DynamicSampler, dict(warmup_steps=2, update_every=1)),
     (ClusterDPSampler, dict(keep="random")),
+    (TemperatureSampler, dict(alpha=0.5)),
+    (UniMaxSampler, dict(max_epochs=2, on_exhausted="reset")),
 ]
 
 

@@ -8,7 +8,9 @@ from ccexp.sampling.cluster_dp import ClusterDPSampler
 from ccexp.sampling.clusterclip import ClusterClipSampler
 from ccexp.sampling.dynamic import DynamicSampler
 from ccexp.sampling.random import RandomSampler
+from ccexp.sampling.temperature import TemperatureSampler
 from ccexp.sampling.uniform import UniformSampler
+from ccexp.sampling.unimax import UniMaxSampler
 
 __all__ = ["Sampler", "rank_slice", "RandomSampler", "UniformSampler", "ClusterClipSampler", "DynamicSampler",
-           "ClusterDPSampler"]
+           "ClusterDPSampler", "TemperatureSampler", "UniMaxSampler"]
