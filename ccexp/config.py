@@ -228,6 +228,13 @@ class HierarchicalConfig:
 
 
 @dataclass
+class LabelGroupsConfig:
+    _target_: str = "ccexp.clustering.labels.LabelGroups"
+    name: str = "labels"
+    label_field: str = "domain"  # a field of data.label_fields: its values are the groups
+
+
+@dataclass
 class SelectionConfig:
     """Balanced selection (Vo et al. 2024 §3.2): keep ``target`` training documents, water-filled over
     the clustering's levels from the coarsest down (:mod:`ccexp.clustering.selection`); null = keep all."""
@@ -411,7 +418,7 @@ class RootConfig:
 GROUP_SCHEMAS = [
     ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig),
     ("embedder", "gradient_proxy", GradientProxyConfig), ("clusterer", "kmeans", KMeansConfig),
-    ("clusterer", "hierarchical", HierarchicalConfig),
+    ("clusterer", "hierarchical", HierarchicalConfig), ("clusterer", "labels", LabelGroupsConfig),
     ("sampler", "random", RandomConfig), ("sampler", "uniform", UniformConfig), ("sampler", "clusterclip", ClusterClipConfig),
     ("sampler", "temperature", TemperatureConfig), ("sampler", "unimax", UniMaxConfig),
     ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),

@@ -213,11 +213,17 @@ def _parameters(target: str) -> set[str]:
 
 
 def cluster_count(cfg: DictConfig) -> int:
-    """K at the level the sampler balances: ``clusterer.k``, or ``clusterer.levels[sampler.level]``.
+    """K at the level the sampler balances: ``clusterer.k``, or ``clusterer.levels[sampler.level]`` (1 for
+    ``clusterer=labels``, whose K is the number of label values, known once the corpus is read).
 
     Raises:
         CcexpError: if ``sampler.level`` is not a level of the clusterer.
     """
+    if "label_field" in cfg.clusterer:  # groups from a label: K is known once the corpus is read
+        if cfg.clusterer.label_field not in cfg.data.label_fields:
+            raise CcexpError(f"clusterer.label_field={cfg.clusterer.label_field!r} is not among data.label_fields "
+                             f"{list(cfg.data.label_fields)}; add it, e.g. data.label_fields=[{cfg.clusterer.label_field}]")
+        return 1
     levels = list(cfg.clusterer.levels) if "levels" in cfg.clusterer else [cfg.clusterer.k]
     level = int(cfg.sampler.level)
     if not 0 <= level < len(levels):

@@ -216,7 +216,9 @@ class Stages:
         def produce(tmp: Path) -> dict:
             from ccexp.clustering.report import write_cluster_report
 
-            result = build(self.cfg.clusterer, "clusterer").fit(embeddings.vectors, ~corpus.heldout)
+            clusterer = build(self.cfg.clusterer, "clusterer")
+            extra = {"label_values": corpus.labels} if "label_field" in self.cfg.clusterer else {}
+            result = clusterer.fit(embeddings.vectors, ~corpus.heldout, **extra)
             for depth, level in enumerate(result.levels):
                 for name in _LEVEL_ARRAYS:
                     if getattr(level, name) is not None:

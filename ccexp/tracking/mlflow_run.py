@@ -58,7 +58,8 @@ def run_name(cfg: DictConfig) -> str:
     from ccexp.preflight import cluster_count
 
     level = f"l{cfg.sampler.level}" if cfg.sampler.level else ""
-    return f"{cfg.sampler.name}-k{cluster_count(cfg)}{level}-s{cfg.seed}-{digest}"
+    groups = (f"by-{cfg.clusterer.label_field}" if "label_field" in cfg.clusterer else f"k{cluster_count(cfg)}{level}")
+    return f"{cfg.sampler.name}-{groups}-s{cfg.seed}-{digest}"
 
 
 def open_store(uri: str):
