@@ -87,6 +87,7 @@ def _grad_accumulation_resolver(tokens_per_step, seq_len, micro_batch_size, devi
 
 
 OmegaConf.register_new_resolver("ccexp.grad_accumulation", _grad_accumulation_resolver, replace=True)
+OmegaConf.register_new_resolver("ccexp.percent", lambda total, pct: int(int(total) * float(pct) / 100), replace=True)
 OmegaConf.register_new_resolver(  # GPUs a launcher asks for per node: the devices on a GPU trainer, else 0
     "ccexp.gpus_per_node", lambda devices, accelerator: world_size(devices, 1, str(accelerator))
     if str(accelerator) in ("gpu", "cuda") else 0, replace=True)
@@ -285,8 +286,8 @@ class ClusterClipConfig(SamplerConfig):
 class DynamicConfig(SamplerConfig):
     _target_: str = "ccexp.sampling.DynamicSampler"
     rule: str = "odm"  # odm | doremi
-    update_every: int = 10
-    warmup_steps: int = 50
+    update_every: int = 1  # optimizer steps per weight update (ODM: every step)
+    warmup_steps: int = "${ccexp.percent:${train.steps},5}"  # type: ignore[assignment]  # 5 % of the run
     beta: float = 0.9
     eta: float = 1.0
     epsilon: float = 1e-3

@@ -132,3 +132,34 @@ def test_cluster_dp_bad_row_count_or_options():
         ClusterDPSampler(labels, sizes, block_size=6)
     with pytest.raises(CcexpError):
         ClusterDPSampler(labels, sizes, block_size=6, keep="random", ratio=0)
+
+
+def test_odm_weights_leave_uniform_within_200_steps_at_the_default_settings():
+    """SAMPLING.md (revised): ε_t counts optimizer steps since the warm-up, so at K = 32 with the
+    config's defaults (update every step, warm-up 5 % of 1,000 steps) exploration ends at step
+    50 + K ln K ≈ 161, and a persistently harder cluster gains weight before step 200."""
+    from test_config_and_cli import compose_cfg
+
+    cfg = compose_cfg(["sampler=dynamic"]).sampler
+    assert cfg.update_every == 1 and cfg.warmup_steps == 50  # 5 % of the default 1,000 steps
+    k = 32
+    sizes = np.full(k, 40, dtype=np.int64)
+    labels = np.repeat(np.arange(k), 40).astype(np.int32)
+    s = DynamicSampler(labels, sizes, block_size=64, warmup_steps=cfg.warmup_steps, update_every=cfg.update_every,
+                       beta=cfg.beta)
+    left_at = None
+    for step in range(200):
+        s.next_block()
+        tokens = np.full(k, 100)
+        loss = np.full(k, 3.0)
+        loss[7] = 4.0  # one cluster is much harder: 1 nat more per token
+        s.observe(step, loss * tokens, tokens)
+        if left_at is None and s.weights()[7] > 1.1 / k:  # 10 % above uniform
+            left_at = step
+    assert left_at is not None and left_at < 200
+    w = s.weights()
+    eps = np.sqrt(np.log(k) / (k * 150))  # ODM's formula at t = 150 steps after the warm-up
+    share = np.e / (k - 1 + np.e)  # R_7 / Σ R with R = exp(loss): e^4 / (31 e^3 + e^4)
+    assert w[7] == pytest.approx((1 - k * eps) * share + eps, rel=1e-6)
+    assert w[7] == w.max() and np.allclose(np.delete(w, 7), np.delete(w, 7)[0])  # the rest stay equal
+    assert s.average_weights()[7] > 1.0 / k  # the learned mixture leans the same way

@@ -128,22 +128,25 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_cluster_table(path: Path, *, sizes: np.ndarray, exposure: np.ndarray, loss_sum: np.ndarray,
-                        loss_tokens: np.ndarray, per_cluster: dict[str, np.ndarray]) -> Path:
+                        loss_tokens: np.ndarray, per_cluster: dict[str, np.ndarray],
+                        average_weights: np.ndarray | None = None) -> Path:
     """``clusters.csv``, one row per cluster: ``train_size`` (training documents), ``exposure``
     (documents drawn), ``train_tokens`` / ``train_loss_mean`` (tokens trained on, their mean loss in
-    nats), ``heldout_docs``, ``heldout_tokens``, ``heldout_ppl``."""
+    nats), ``heldout_docs``, ``heldout_tokens``, ``heldout_ppl``; for a learning policy also
+    ``average_weight`` (its sampling weight averaged over training: the learned mixture)."""
     import csv
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["cluster", "train_size", "exposure", "train_tokens", "train_loss_mean", "heldout_docs",
-                    "heldout_tokens", "heldout_ppl"])
+                    "heldout_tokens", "heldout_ppl"] + (["average_weight"] if average_weights is not None else []))
         for c in range(int(sizes.size)):
             w.writerow([c, int(sizes[c]), int(exposure[c]), int(loss_tokens[c]),
                         f"{loss_sum[c] / loss_tokens[c]:.5f}" if loss_tokens[c] else "",
                         int(per_cluster["documents"][c]), int(per_cluster["tokens"][c]),
-                        f"{per_cluster['ppl'][c]:.4f}" if per_cluster["tokens"][c] else ""])
+                        f"{per_cluster['ppl'][c]:.4f}" if per_cluster["tokens"][c] else ""]
+                       + ([f"{average_weights[c]:.6f}"] if average_weights is not None else []))
     return path
 
 
@@ -163,7 +166,9 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
     OmegaConf.save(cfg, run_dir / "resolved_config.yaml", resolve=True)
     table = write_cluster_table(run_dir / "tables" / "clusters.csv", sizes=sizes, exposure=sampler.exposure(),
                                 loss_sum=module.cluster_loss_sum.cpu().numpy(),
-                                loss_tokens=module.cluster_tokens.cpu().numpy(), per_cluster=result.per_cluster)
+                                loss_tokens=module.cluster_tokens.cpu().numpy(), per_cluster=result.per_cluster,
+                                average_weights=sampler.average_weights() if hasattr(sampler, "average_weights")
+                                else None)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
     for label, values in (labels or {}).items():
         import json

@@ -8,19 +8,25 @@ Until the first ``warmup_steps`` optimizer steps have been observed, clusters ar
 the block index). Documents within a cluster are passes over a permutation, as in ``uniform``; the
 optional repetition clip is ClusterClip's (``clip_threshold``, ``on_exhausted``).
 
-Rules (``K`` = non-empty clusters, ``t`` = index of the update, 1-based):
+Rules (``K`` = non-empty clusters, ``t`` = optimizer steps since the warm-up ended, 1-based):
 
 * ``odm`` (default) — Online Data Mixing, Albalak et al., arXiv 2312.02406, smoothed-mean EXP3
-  (``group_update`` in the reference code):
+  (``group_update`` in the reference code, ``megatron/data/data_sampling_utils.py``):
   ``R_c ← β R_c + (1-β) exp(L_c)``, ``ε_t = min(1/K, sqrt(ln K / (K t)))``,
   ``w_c = (1 - K ε_t) R_c / Σ_j R_j + ε_t`` (the paper's ``ε_{t-1}`` factors cancel), ``π = w``.
-  A cluster's ``R`` starts at its first observation; clusters never observed take the mean ``R``.
+  ``t`` counts optimizer steps, as in ODM, which updates every step (SAMPLING.md, revised
+  2026-11-30): with ``t`` in updates and ``update_every=10``, ``ε_t`` stayed ``1/K`` (``π`` exactly
+  uniform) for ``K ln K`` updates — the whole default run at K=32. Exploration ends (``ε_t < 1/K``)
+  after ``K ln K`` steps (111 at K=32). A cluster's ``R`` starts at its first observation; clusters
+  never observed take the mean ``R``.
 * ``doremi`` — DoReMi's excess-loss update, Xie et al., arXiv 2305.10429, Alg. 1, with a
   reference model's per-cluster loss ``L_ref`` (``reference_losses``):
   ``log w ← log w + η · max(L_c − L_ref,c, 0)``, ``π = (1-ε) softmax(log w) + ε/K``.
 
 Invariants (tested): ``π`` stays on the simplex with ``π_c ≥ ε_t``; equal losses keep ``π``
 uniform; a cluster with persistently higher loss gains probability; no update during warm-up.
+:meth:`average_weights` is ``π`` averaged over the optimizer steps since the warm-up: DoReMi's
+output, the mixture to reuse (Xie et al. 2023, Alg. 1, "return the average weights").
 State: O(K) (``R``, ``log w``, ``π``, the open window's sums, counters of updates and observed steps).
 """
 from __future__ import annotations
@@ -67,8 +73,9 @@ class DynamicSampler(UniformSampler):
         labels, sizes, block_size, seed, document_tokens, token_budget: see
             :class:`ccexp.sampling.base.Sampler`.
         rule: ``odm`` or ``doremi`` (the latter needs ``reference_losses``).
-        update_every: steps per weight update (the ODM paper uses 1).
-        warmup_steps: optimizer steps sampled uniformly over clusters, without updates.
+        update_every: steps per weight update (1, as ODM; ``ε_t`` counts steps either way).
+        warmup_steps: optimizer steps sampled uniformly over clusters, without updates (the config's
+            default is 5 % of ``train.steps``).
         beta: ODM smoothing of the reward, in [0, 1).
         eta: DoReMi step size, > 0.
         epsilon: DoReMi smoothing towards uniform, in [0, 1].
@@ -84,7 +91,7 @@ class DynamicSampler(UniformSampler):
 
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  document_tokens: np.ndarray | None = None, token_budget: int | None = None, rule: str = "odm",
-                 update_every: int = 10, warmup_steps: int = 50, beta: float = 0.9, eta: float = 1.0,
+                 update_every: int = 1, warmup_steps: int = 50, beta: float = 0.9, eta: float = 1.0,
                  epsilon: float = 1e-3, reference_losses: str | Sequence[float] | None = None,
                  clip_threshold: int | None = None, on_exhausted: str = "error"):
         clip = None if clip_threshold is None else RepetitionClip(sizes, clip_threshold, on_exhausted)
@@ -112,12 +119,15 @@ class DynamicSampler(UniformSampler):
         self._steps_observed = 0
         self._window_loss = np.zeros(self.num_clusters)
         self._window_tokens = np.zeros(self.num_clusters, dtype=np.int64)
+        self._pi_sum = np.zeros(self.num_clusters)  # Σ π over the steps since warm-up (average_weights)
 
     # -- the feedback loop --------------------------------------------------------------------
     def observe(self, step: int, cluster_loss: np.ndarray, cluster_tokens: np.ndarray) -> None:
         """Add optimizer step ``step``'s per-cluster summed token loss (float[K], nats) and token counts
         (int[K]); update ``π`` at the end of every ``update_every``-step window after warm-up."""
         self._steps_observed = step + 1
+        if step + 1 > self.warmup_steps:
+            self._pi_sum += self._pi  # the mix this step was drawn from
         self._window_loss += np.asarray(cluster_loss, dtype=np.float64)
         self._window_tokens += np.asarray(cluster_tokens, dtype=np.int64)
         if (step + 1) % self.update_every:
@@ -130,8 +140,16 @@ class DynamicSampler(UniformSampler):
         self._window_loss[:] = 0.0
         self._window_tokens[:] = 0
 
+    def steps_since_warmup(self) -> int:
+        return max(0, self._steps_observed - self.warmup_steps)
+
+    def average_weights(self) -> np.ndarray:
+        """float64[K]: ``π`` averaged over the optimizer steps since the warm-up (uniform before any)."""
+        n = self.steps_since_warmup()
+        return self._pi_sum / n if n else self._pi.copy()
+
     def epsilon_t(self, t: int) -> float:
-        """ODM's exploration rate after ``t`` updates: ``min(1/K, sqrt(ln K / (K t)))``."""
+        """ODM's exploration rate ``t`` optimizer steps after the warm-up: ``min(1/K, sqrt(ln K / (K t)))``."""
         k = self._k
         return 1.0 / k if t == 0 or k == 1 else min(1.0 / k, float(np.sqrt(np.log(k) / (k * t))))
 
@@ -145,7 +163,7 @@ class DynamicSampler(UniformSampler):
             self._reward[again] = self.beta * self._reward[again] + (1 - self.beta) * gain[again[seen]]
             reward = np.where(np.isnan(self._reward), np.nanmean(self._reward), self._reward)
             reward = np.where(self._present, reward, 0.0)
-            eps = self.epsilon_t(self._updates)
+            eps = self.epsilon_t(self.steps_since_warmup())
             w = (1 - self._k * eps) * reward / reward.sum() + eps
         else:
             excess = np.where(seen, np.maximum(mean_loss - self.reference_losses, 0.0), 0.0)
@@ -170,14 +188,14 @@ class DynamicSampler(UniformSampler):
         out = super().telemetry(since)
         out["updates"] = float(self._updates)
         if self.rule == "odm":
-            out["epsilon"] = self.epsilon_t(self._updates)
+            out["epsilon"] = self.epsilon_t(self.steps_since_warmup())
         return out
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "pi": self._pi.copy(), "reward": self._reward.copy(),
                 "log_w": self._log_w.copy(), "updates": self._updates, "steps_observed": self._steps_observed,
                 "window_loss": self._window_loss.copy(),
-                "window_tokens": self._window_tokens.copy(), "rule": self.rule}
+                "window_tokens": self._window_tokens.copy(), "rule": self.rule, "pi_sum": self._pi_sum.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -188,3 +206,4 @@ class DynamicSampler(UniformSampler):
         self._steps_observed = int(state["steps_observed"])
         self._window_loss = np.asarray(state["window_loss"], dtype=np.float64).copy()
         self._window_tokens = np.asarray(state["window_tokens"], dtype=np.int64).copy()
+        self._pi_sum = np.asarray(state.get("pi_sum", np.zeros(self.num_clusters)), dtype=np.float64).copy()
