@@ -146,7 +146,9 @@ class TrainConfig:
     weight_decay: float = 0.1
     warmup_steps: int = ge(0, 20)
     log_every_n_steps: int = ge(1, 10)
-    resume_from: Optional[str] = None  # a checkpoint to resume (<run>/checkpoints/last.ckpt), or "last": this run's newest
+    # a checkpoint to resume (<run>/checkpoints/last.ckpt); "last": this configuration's newest (an error if none);
+    # "auto": the same, or a fresh start when there is none (Slurm jobs that may be requeued)
+    resume_from: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = ge(1, None)  # also keep checkpoints/step-N.ckpt every N steps
     record_batches: bool = False  # save each rank's trained documents per step to <run>/batches/
 
@@ -190,7 +192,7 @@ class GradientProxyConfig:
     batch_size: int = ge(1, 16)
     max_seq_length: int = ge(2, 512)  # tokens read per document (prompt + response)
     device: str = "auto"
-    shard_size: int = ge(1, 2048)
+    shard_size: int = ge(1, 256)  # smaller than the sentence embedder's: a causal LM embeds far fewer docs/s
     dtype: str = "float32"  # float32 | bfloat16 | float16 while embedding
 
 

@@ -86,8 +86,8 @@ def estimate(cfg, model, config, gpu_gb: float) -> dict:
     layers = int(getattr(config, "num_hidden_layers", getattr(config, "n_layer", 1)))
     vocab = int(config.vocab_size)
     layer_params = max(0, params - 2 * vocab * h) / max(layers, 1)
-    if shard == "FULL_SHARD" or shard == "HYBRID_SHARD" and world > 1:
-        weights = params * w_b / world + 2 * layer_params * w_b
+    if shard in ("FULL_SHARD", "HYBRID_SHARD") and world > 1:
+        weights = params * w_b / world + 2 * layer_params * w_b  # + the gathered layer and the prefetched one
         grads, optim = params * g_b / world, params * o_b / world
     elif shard == "SHARD_GRAD_OP":
         weights, grads, optim = params * w_b, params * g_b / world, params * o_b / world
@@ -113,7 +113,7 @@ def render(cfg, e: dict) -> str:
     lines = [f"ccexp plan: {name} ({cfg.model.get('pretrained', cfg.model.name)})",
              f"  parameters          " + (f"{e['parameters'] / 1e9:.2f} B" if e["parameters"] >= 1e9 else
                                          f"{e['parameters'] / 1e6:.1f} M") + f" ({e['parameters']:,})",
-             f"  ranks               {e['world_size']} ({cfg.trainer.devices} devices x {cfg.trainer.num_nodes} node(s)), "
+             f"  ranks               {e['world_size']} ({cfg.trainer.devices} device(s) x {cfg.trainer.num_nodes} node(s)), "
              f"{e['strategy']}, {e['precision']}",
              f"  step                {e['tokens_per_step']:,} tokens = {e['world_size']} ranks x {e['grad_accumulation']} "
              f"micro-batches x {e['micro_batch']} rows x {e['seq_len']} tokens",
@@ -127,24 +127,53 @@ def render(cfg, e: dict) -> str:
              f"    total             {e['total_gib']:8.2f}  of {e['gpu_gib']:.1f} GiB per GPU "
              f"({e['total_gib'] / e['gpu_gib']:.0%})",
              "  verdict             " + ("fits (with 10 % headroom for the CUDA context and fragmentation)" if e["fits"]
-                                         else "does NOT fit: lower train.micro_batch_size, use more GPUs, or "
-                                              "trainer.fsdp.sharding_strategy=FULL_SHARD with activation checkpointing")]
+                                         else "does NOT fit: " + "; ".join(advice(cfg, e)))]
     return "\n".join(lines)
 
 
+def advice(cfg, e: dict) -> list[str]:
+    """What would shrink the largest parts, naming only settings not already in use."""
+    out = []
+    fsdp = str(cfg.trainer.strategy).startswith("fsdp")
+    states = e["weights_gib"] + e["gradients_gib"] + e["optimizer_gib"]
+    if states > e["activations_gib"] + e["logits_gib"]:
+        if not fsdp or cfg.trainer.fsdp.sharding_strategy != "FULL_SHARD":
+            out.append("shard weights, gradients and optimizer state (trainer=fsdp, "
+                       "trainer.fsdp.sharding_strategy=FULL_SHARD)")
+        out.append(f"more GPUs (weights, gradients and optimizer state are {states:.1f} GiB here and divide by the "
+                   "number of ranks)")
+        if fsdp and not cfg.trainer.fsdp.cpu_offload:
+            out.append("trainer.fsdp.cpu_offload=true (parameters and gradients in host memory; slower)")
+    else:
+        if e["micro_batch"] > 1:
+            out.append(f"a smaller train.micro_batch_size (now {e['micro_batch']}; the step's tokens stay the same)")
+        if not e["activation_checkpointing"]:
+            out.append("activation checkpointing (trainer.fsdp.activation_checkpointing=true or "
+                       "model.gradient_checkpointing=true)")
+        out.append("a shorter train.seq_len")
+    return out
+
+
+USAGE = "usage: python -m ccexp.plan model [--gpu-gb 80] [overrides ...]   (parameters and memory per GPU)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Print the plan; exit 0 when it fits, 1 when it does not, 2 for bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "model":
-        print("usage: python -m ccexp.plan model [--gpu-gb 80] [overrides ...]   (the model's memory per GPU)",
-              file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
-    ap = argparse.ArgumentParser(prog="python -m ccexp.plan model", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m ccexp.plan model",
+                                 description="Will it fit? Build the configured model on the meta device (no "
+                                             "weights, no download) and print its parameters and per-GPU memory.")
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80: A100/H100 80GB)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m ccexp (e.g. +recipe=llama2_7b)")
-    args = ap.parse_args(argv[1:])
+    args = ap.parse_intermixed_args(argv[1:])
     if not args.gpu_gb > 0:
         ap.error(f"--gpu-gb={args.gpu_gb} must be > 0")
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from ccexp.__main__ import CONFIG_DIR
 
@@ -152,11 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
             cfg = compose("config", overrides=args.overrides)
         model, config = build_meta_model(cfg)
-        print(render(cfg, estimate(cfg, model, config, args.gpu_gb)))
-    except CcexpError as e:
-        print(f"ccexp: {e}", file=sys.stderr)
+        e = estimate(cfg, model, config, args.gpu_gb)
+    except CcexpError as err:
+        print(f"ccexp: error: {err}", file=sys.stderr)
         return 2
-    return 0
+    except (HydraException, OmegaConfBaseException) as err:
+        print("ccexp: error: " + " ".join(str(err).split()), file=sys.stderr)
+        return 2
+    print(render(cfg, e))
+    return 0 if e["fits"] else 1
 
 
 if __name__ == "__main__":

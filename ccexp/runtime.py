@@ -16,3 +16,13 @@ def quiet_libraries() -> None:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs each CPU variant it tries
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning's own use of a torch deprecation
+    import sys
+
+    if not sys.stderr.isatty():  # redirected to a file: libraries' tqdm bars would be one \r-joined line
+        os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' weight loading, lm-eval's requests, datasets
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass

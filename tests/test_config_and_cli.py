@@ -129,8 +129,8 @@ def test_constructor_defaults_agree_with_the_schema():
 
 def test_llama2_recipe_composes_with_a_sampler_override():
     cfg = compose_cfg(["+recipe=llama2_7b", "sampler=clusterclip"])
-    assert cfg.model.pretrained == "meta-llama/Llama-2-7b-hf" and cfg.model.dtype == "bfloat16"
-    assert cfg.trainer.strategy == "fsdp" and cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-true"
+    assert cfg.model.pretrained == "meta-llama/Llama-2-7b-hf" and cfg.model.dtype == "float32"  # fp32 masters
+    assert cfg.trainer.strategy == "fsdp" and cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed"
     # 4M tokens per step = 1,024 rows of 4,096 = 8 GPUs x 64 micro-batches x 2 rows
     assert cfg.train.tokens_per_step == 4194304 and cfg.train.grad_accumulation == 64
     assert cfg.train.max_doc_tokens is None and cfg.trainer.fsdp.activation_checkpointing
@@ -159,7 +159,7 @@ def one_error_line(proc):
 
 def test_cli_wrong_option(tmp_path):
     line = one_error_line(run_ccexp("sampler=nope", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, dynamic, random, uniform" in line
+    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in line
 
 
 def test_cli_unknown_key(tmp_path):
@@ -274,5 +274,5 @@ def test_cli_gpu_trainer_without_gpu_fails_first(tmp_path):
 def test_help_lists_the_real_groups_only(tmp_path):
     proc = run_ccexp("--help", cwd=ROOT)
     assert proc.returncode == 0 and "schema" not in proc.stdout
-    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, random, uniform" in proc.stdout
+    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in proc.stdout
     assert "ccexp: does balancing" in proc.stdout and "docs/errors.md" in proc.stdout

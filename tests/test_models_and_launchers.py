@@ -66,8 +66,9 @@ def test_any_local_hf_folder_loads_as_model_pretrained(tiny_hf_folder):
     from ccexp.training.models import hf_causal_lm
 
     require_local_model(str(tiny_hf_folder), "model.pretrained")
-    model = hf_causal_lm(str(tiny_hf_folder))
+    model = hf_causal_lm(str(tiny_hf_folder), gradient_checkpointing=True)
     assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.training and model.is_gradient_checkpointing  # from_pretrained gives eval mode: no checkpointing
     meta = hf_causal_lm(str(tiny_hf_folder), empty=True)  # an FSDP rank other than 0: no weights read
     assert all(p.device.type == "meta" for p in meta.parameters())
 
@@ -241,7 +242,7 @@ def test_plan_shows_llama2_7b_fits_8_gpus_and_not_one():
     one = compose_cfg(["+recipe=llama2_7b", "trainer.devices=1", "train.micro_batch_size=8",
                        "trainer.fsdp.activation_checkpointing=false"])
     e1 = estimate(one, model, config, 80)
-    assert not e1["fits"] and e1["optimizer_gib"] == pytest.approx(4 * 6_738_415_616 / 2**30)
+    assert not e1["fits"] and e1["optimizer_gib"] == pytest.approx(8 * 6_738_415_616 / 2**30)  # fp32 AdamW state
 
 
 def test_plan_cli_prints_the_table(tmp_path):
@@ -253,6 +254,14 @@ def test_plan_cli_prints_the_table(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"parameters\s+7\.24 B", proc.stdout) and "per-GPU memory (GiB)" in proc.stdout
     assert "verdict             fits" in proc.stdout
+    # a script can test the verdict: exit 1 when it does not fit, with advice that is not already in use
+    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "model", "+recipe=llama2_7b", "--gpu-gb", "40",
+                           "trainer.devices=1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "does NOT fit: more GPUs" in proc.stdout and "FULL_SHARD" not in proc.stdout.split(
+        "verdict")[1]
+    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "model", "+recipe=nope"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("ccexp: error: In 'config': Could not find 'recipe/nope'")
 
 
 def test_slurm_launcher_asks_for_one_task_per_device_on_every_node():
@@ -268,6 +277,23 @@ def test_slurm_launcher_asks_for_one_task_per_device_on_every_node():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
+
+
+def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from ccexp.tracking.mlflow_run import RunRecord
+
+    record = SimpleNamespace(run_dir=tmp_path / "runs" / "d" / "new", name="uniform-k4-s0-abcd")
+    assert RunRecord.resume_checkpoint(record, "auto", tmp_path) is None
+    with pytest.raises(CcexpError, match="train.resume_from=last: no checkpoint of an earlier run"):
+        RunRecord.resume_checkpoint(record, "last", tmp_path)
+    old = tmp_path / "runs" / "d" / "old"
+    (old / "checkpoints").mkdir(parents=True)
+    (old / "run.json").write_text(json.dumps({"run_name": "uniform-k4-s0-abcd"}))
+    (old / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert RunRecord.resume_checkpoint(record, "auto", tmp_path) == str(old / "checkpoints" / "last.ckpt")
 
 
 def test_another_nodes_stage_in_progress_is_never_deleted(tmp_path):

@@ -43,7 +43,7 @@ class GradientProxyEmbedder:
     """
 
     def __init__(self, model: str = "model", batch_size: int = 16, max_seq_length: int = 512, device: str = "auto",
-                 shard_size: int = 2048, dtype: str = "float32", pretrained: str | None = None):
+                 shard_size: int = 256, dtype: str = "float32", pretrained: str | None = None):
         for key, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length), ("shard_size", shard_size)):
             if int(value) < 2 if key == "max_seq_length" else int(value) < 1:
                 raise CcexpError(f"embedder.{key}={value} is out of range")
@@ -90,7 +90,15 @@ class GradientProxyEmbedder:
         device = next(model.parameters()).device
         out = np.zeros((len(items), model.config.hidden_size), dtype=np.float32)
         long = 0
+        import time
+
+        t0 = last = time.perf_counter()
         for start in range(0, len(items), self.batch_size):
+            if time.perf_counter() - last >= 10.0:  # a forward pass of a real LM per batch: show it moving
+                last = time.perf_counter()
+                rate = start / (last - t0)
+                log.info("embed: gradient proxy, %d of %d documents of this shard, %.1f docs/s, ETA %.0f s", start,
+                         len(items), rate, (len(items) - start) / max(rate, 1e-9))
             chunk = items[start:start + self.batch_size]
             prompts = tok([t[:c] for t, c in chunk], add_special_tokens=False)["input_ids"]
             responses = tok([t[c:] for t, c in chunk], add_special_tokens=False)["input_ids"]

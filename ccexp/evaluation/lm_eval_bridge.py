@@ -175,6 +175,7 @@ def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, ba
     out: dict[str, float] = {}
     t0 = time.perf_counter()
     for n, task in enumerate(tasks, start=1):  # one task at a time, so a long evaluation shows its progress
+        t_task = time.perf_counter()
         results = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit, log_samples=False,
                                           bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,
                                           torch_random_seed=seed, fewshot_random_seed=seed)
@@ -182,7 +183,8 @@ def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, ba
             for key, value in metrics.items():
                 if "stderr" not in key and isinstance(value, (int, float)):
                     out[f"{name}/{key.split(',')[0]}"] = float(value)
-        log.info("lm-eval: task %d/%d %s done, %.0f s", n, len(tasks), task, time.perf_counter() - t0)
+        now = time.perf_counter()
+        log.info("lm-eval: task %d/%d %s done in %.0f s (%.0f s so far)", n, len(tasks), task, now - t_task, now - t0)
     model.train(was_training)
     return out
 

@@ -111,7 +111,12 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
     scored = np.isfinite(c_mean)  # a model that diverged scores NaN: recorded as NaN, never a crash
     metrics["ppl_macro"] = float(np.exp(c_mean[scored].mean())) if scored.any() else float("nan")
     eligible = np.where((c_doc >= min_cluster_docs) & scored, c_ppl, np.nan)
-    if np.isnan(eligible).all():
+    if np.isnan(eligible).all() and scored.any():
+        import logging
+
+        logging.getLogger("ccexp").warning(
+            "eval: no cluster has %d held-out documents (eval.min_cluster_docs); ppl_worst is taken over every "
+            "cluster and may rest on a single document", min_cluster_docs)
         eligible = np.where(scored, c_ppl, np.nan)
     worst = int(np.nanargmax(eligible)) if not np.isnan(eligible).all() else -1
     metrics["ppl_worst"] = float(eligible[worst]) if worst >= 0 else float("nan")

@@ -164,12 +164,13 @@ class RunRecord:
 
     def resume_checkpoint(self, resume_from: str | None, outputs: Path) -> str | None:
         """``train.resume_from`` as a path: ``last`` is the newest checkpoint of an earlier run of this
-        same configuration (same run name) under ``outputs``.
+        same configuration (same run name) under ``outputs``; ``auto`` is the same, or None (a fresh
+        start) when there is none — for jobs a scheduler may requeue.
 
         Raises:
             CcexpError: for ``last`` when no such checkpoint exists.
         """
-        if resume_from != "last":
+        if resume_from not in ("last", "auto"):
             return resume_from
         import json
 
@@ -178,6 +179,9 @@ class RunRecord:
         found = [ckpt for meta in outputs.glob("*runs/**/run.json") if meta.parent != self.run_dir
                  and json.loads(meta.read_text()).get("run_name") == self.name
                  for ckpt in (meta.parent / "checkpoints").glob("*.ckpt")]
+        if not found and resume_from == "auto":
+            log.info("resume: train.resume_from=auto found no earlier checkpoint of %s; starting fresh", self.name)
+            return None
         if not found:
             raise CcexpError(f"train.resume_from=last: no checkpoint of an earlier run named {self.name} under "
                              f"{outputs}; give a checkpoint path, or run without train.resume_from")

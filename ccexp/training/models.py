@@ -44,6 +44,7 @@ def hf_causal_lm(pretrained: str, dtype: str = "float32", gradient_checkpointing
         raise CcexpError(f"model.pretrained={pretrained!r}: cannot load this {where} offline "
                          f"({str(e).splitlines()[0][:100]}); download it beforehand (e.g. `huggingface-cli download "
                          f"{pretrained}`) or give a local folder") from None
+    model.train()  # from_pretrained returns eval mode: no dropout, and no gradient checkpointing, in training
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model

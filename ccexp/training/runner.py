@@ -40,9 +40,17 @@ def build_sampler(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus
     extra = {}
     if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
         extra["similarity"] = split.similarity[split.train_docs]
-    return build(cfg.sampler, "sampler", labels=split.labels[split.train_docs], sizes=split.sizes, block_size=block,
-                 seed=cfg.seed, document_tokens=stream_len,
-                 token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1, **extra)
+    sampler = build(cfg.sampler, "sampler", labels=split.labels[split.train_docs], sizes=split.sizes,
+                    block_size=block, seed=cfg.seed, document_tokens=stream_len,
+                    token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1, **extra)
+    if hasattr(sampler, "kept_size"):  # CluSTER's reduction
+        log.info("cluster_dp: every cluster keeps %s documents (%s of %s training documents, keep=%s)",
+                 f"{sampler.kept_size:,}", f"{sampler.kept_size * sampler.num_lanes:,}", f"{split.train_docs.size:,}",
+                 cfg.sampler.keep)
+        if sampler.num_lanes == 1:
+            log.warning("cluster_dp: one cluster (K = %d), so CluSTER balances nothing; K defaults to the world size "
+                        "(+recipe=cluster_sft): set clusterer.k or use more devices", split.num_clusters)
+    return sampler
 
 
 def build_token_stream(cfg: DictConfig, sampler: Sampler, split: TrainSplit, tokenized: TokenizedCorpus) -> TokenStream:
