@@ -46,6 +46,7 @@ def main(cfg: DictConfig) -> float:
         if not multirun:
             if message is None:
                 raise  # a bug: keep the traceback
+            to_log_file(f"ccexp: error: {message}")  # the run folder's ccexp.log says why it stopped
             fail(message)
         # in a sweep the next job still runs: the line goes to this job's log and status file
         log.error("ccexp: error: %s", message or f"{type(e).__name__}: {e}", exc_info=message is None)
@@ -83,6 +84,14 @@ def with_retired_hint(message: str) -> str:
     return message
 
 
+def to_log_file(message: str) -> None:
+    """Write ``message`` (level ERROR) to the run's ``ccexp.log`` only (the console gets the one line)."""
+    record = logging.LogRecord("ccexp", logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print one error line and exit with ``code`` (SystemExit passes through Hydra's job runner,
     which would otherwise add its own "Error executing job" line)."""
@@ -109,6 +118,7 @@ def one_line(exc: BaseException) -> str:
         else:
             parts.append(ln)
     text = " ".join(p + (" " + ", ".join(options) if p.startswith("Available options") else "") for p in parts)
+    text = text.replace("CcexpError raised while resolving interpolation: ", "")  # ours, from a resolver
     cause = exc.__cause__
     if cause is not None and str(cause).strip():
         text += " (" + one_line(cause) + ")"
@@ -147,6 +157,9 @@ def cli() -> None:
         close_active_sweep("FAILED")
         cause = e.__cause__ or e.__context__
         fail(str(cause) if isinstance(cause, CcexpError) else one_line(e))
+    except Exception:
+        close_active_sweep("FAILED")  # a crash of the sweep itself (e.g. its launcher): never leave it RUNNING
+        raise
     if LAST_SWEEP_FAILURES:
         fail(f"{len(LAST_SWEEP_FAILURES)} sweep job(s) failed: " + " | ".join(LAST_SWEEP_FAILURES), code=1)
 

@@ -57,7 +57,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
         if not fit.is_global_zero:
             return {}
         result = evaluate(cfg, fit.model, tokenized, split, corpus, run_dir)
-        files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels)
+        files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, ~corpus.heldout)
         step = cfg.train.steps
         record.log_stages(stage.results, stage.cluster_report(), step)
         record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(),

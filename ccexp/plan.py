@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80: A100/H100 80GB)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m ccexp (e.g. +recipe=llama2_7b)")
     args = ap.parse_intermixed_args(argv[1:])
-    if not args.gpu_gb > 0:
-        ap.error(f"--gpu-gb={args.gpu_gb} must be > 0")
+    if not 0 < args.gpu_gb < float("inf"):
+        ap.error(f"--gpu-gb={args.gpu_gb} must be a number of GB > 0")
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -180,13 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
             cfg = compose("config", overrides=args.overrides)
+        from ccexp.preflight import check_fsdp_options
+
+        check_fsdp_options(cfg.trainer)
         model, config = build_meta_model(cfg)
         e = estimate(cfg, model, config, args.gpu_gb)
     except CcexpError as err:
         print(f"ccexp: error: {err}", file=sys.stderr)
         return 2
     except (HydraException, OmegaConfBaseException) as err:
-        print("ccexp: error: " + " ".join(str(err).split()), file=sys.stderr)
+        from ccexp.__main__ import one_line
+
+        cause = err.__cause__ or err.__context__
+        print("ccexp: error: " + (str(cause) if isinstance(cause, CcexpError) else one_line(err)), file=sys.stderr)
         return 2
     print(render(cfg, e))
     return 0 if e["fits"] else 1

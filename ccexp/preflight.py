@@ -31,6 +31,9 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     """Raise :class:`CcexpError` for the first invalid setting in ``cfg`` (``multirun``: the run is a
     job of a sweep, where a strategy that re-launches the script is refused)."""
     _check_keys_and_bounds(cfg, schemas.RootConfig, "")
+    missing = _missing_keys(cfg)
+    if missing:
+        raise CcexpError(f"{missing[0]} is required and has no value; set it on the command line, e.g. {missing[0]}=...")
     if multirun:
         refuse_relaunch_in_multirun(cfg)
     if not 0 <= cfg.seed < 2**32:
@@ -117,24 +120,44 @@ def _check_trainer(cfg: DictConfig) -> None:
     if not (devices == "auto" or (isinstance(devices, int) and (devices >= 1 or devices == -1))
             or OmegaConf.is_list(devices)):
         raise CcexpError(f"trainer.devices={devices!r} is not valid; use a count >= 1, -1 (all), 'auto' or a list of ids")
-    if str(t.strategy).startswith("fsdp"):
-        if t.accelerator == "cpu":
-            raise CcexpError("trainer.strategy=fsdp needs CUDA GPUs (Lightning's FSDP does not run on the CPU); use "
-                             "trainer=fsdp on a GPU machine, or trainer.strategy=ddp_spawn on the CPU")
-        f = t.fsdp
-        for key, value, options in (("auto_wrap", f.auto_wrap, ("decoder_layer", None)),
-                                    ("sharding_strategy", f.sharding_strategy,
-                                     ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")),
-                                    ("state_dict_type", f.state_dict_type, ("sharded", "full")),
-                                    ("load_weights", f.load_weights, ("rank0", "every_rank"))):
-            if value not in options:
-                raise CcexpError(f"trainer.fsdp.{key}={value!r} is not an option; use "
-                                 + " or ".join("null" if o is None else o for o in options))
+    check_fsdp_options(t)
+    if str(t.strategy).startswith("fsdp") and t.accelerator == "cpu":
+        raise CcexpError("trainer.strategy=fsdp needs CUDA GPUs (Lightning's FSDP does not run on the CPU); use "
+                         "trainer=fsdp on a GPU machine, or trainer.strategy=ddp_spawn on the CPU")
     if t.accelerator in ("gpu", "cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise CcexpError(f"trainer={t.name} needs a CUDA GPU and none is visible; use trainer=cpu")
+
+
+def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Full keys of ``???`` values, found without resolving any interpolation."""
+    out = []
+    for key in node.keys():
+        child = node._get_node(key)
+        if child._is_missing():
+            out.append(f"{prefix}{key}")
+        elif isinstance(child, DictConfig) and not child._is_none() and not child._is_interpolation():
+            out += _missing_keys(child, f"{prefix}{key}.")
+    return out
+
+
+def check_fsdp_options(t: DictConfig) -> None:
+    """``trainer.fsdp.*`` hold known values (checked whatever the strategy, so a typo never waits for a GPU run).
+
+    Raises:
+        CcexpError: naming the key and its options.
+    """
+    f = t.fsdp
+    for key, value, options in (("auto_wrap", f.auto_wrap, ("decoder_layer", None)),
+                                ("sharding_strategy", f.sharding_strategy,
+                                 ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")),
+                                ("state_dict_type", f.state_dict_type, ("sharded", "full")),
+                                ("load_weights", f.load_weights, ("rank0", "every_rank"))):
+        if value not in options:
+            raise CcexpError(f"trainer.fsdp.{key}={value!r} is not an option; use "
+                             + " or ".join("null" if o is None else o for o in options))
 
 
 def _check_token_budget(cfg: DictConfig) -> None:
@@ -159,17 +182,38 @@ def _check_model(cfg: DictConfig) -> None:
     if "n_positions" in m and m.n_positions < max(cfg.train.seq_len, cfg.eval.max_tokens + 1):
         raise CcexpError(f"model.n_positions={m.n_positions} is shorter than train.seq_len / eval.max_tokens+1 "
                          f"({max(cfg.train.seq_len, cfg.eval.max_tokens + 1)}); raise model.n_positions")
-    if "pretrained" in m:
-        require_local_model(m.pretrained, "model.pretrained")
+    if "pretrained" in m.keys():
+        if OmegaConf.is_missing(m, "pretrained"):
+            raise CcexpError(f"model={m.name} needs model.pretrained: a local Hugging Face folder, a model id in the "
+                             "local HF cache, a .gguf file or pkg:<package>/<file> (+recipe=smollm2_135m sets one)")
+        require_local_model(m.pretrained, "model.pretrained", causal_lm=True,
+                            tokenizer=m.tokenizer.kind == "pretrained" and not m.tokenizer.path)
+    embedder_model = OmegaConf.select(cfg, "embedder.model", default=None)
+    if "pretrained" in inspect_params(cfg.embedder._target_) and embedder_model not in (None, "model"):
+        require_local_model(embedder_model, "embedder.model", causal_lm=True, tokenizer=True)
     if cfg.eval.lm_eval is not None and cfg.eval.lm_eval.tasks:
         from ccexp.evaluation.lm_eval_bridge import check_tasks_offline
 
         check_tasks_offline(list(cfg.eval.lm_eval.tasks))
 
 
-def require_local_model(name: str, key: str) -> None:
+def inspect_params(target: str) -> set[str]:
+    try:
+        return _parameters(target)
+    except Exception:
+        return set()
+
+
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def require_local_model(name: str, key: str, *, causal_lm: bool = False, tokenizer: bool = False) -> None:
     """A local folder, a GGUF file (also ``pkg:<package>/<file>``), or a model id already in the local
-    Hugging Face cache; else one-line error."""
+    Hugging Face cache; else one-line error. A local folder must hold weights (and, with ``tokenizer``,
+    a tokenizer), and with ``causal_lm`` its ``config.json`` must not name a non-causal architecture."""
+    import json
+
     from ccexp.training.pretrained import is_gguf, resolve_pretrained
 
     name = resolve_pretrained(name)
@@ -181,6 +225,16 @@ def require_local_model(name: str, key: str) -> None:
         if not (path.is_dir() and (path / "config.json").is_file()):
             raise CcexpError(f"{key}={name!r} is not a model folder (no config.json there); give a folder saved "
                              "with save_pretrained, or a model id in the local Hugging Face cache")
+        if not any((path / w).is_file() for w in _WEIGHTS):
+            raise CcexpError(f"{key}={name!r} holds no weights (none of {', '.join(_WEIGHTS)}); save the model "
+                             "there with save_pretrained")
+        if tokenizer and not any((path / t).is_file() for t in _TOKENIZER):
+            raise CcexpError(f"{key}={name!r} holds no tokenizer (none of {', '.join(_TOKENIZER)}); save it there "
+                             "with tokenizer.save_pretrained, or set model.tokenizer.path")
+        archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+        if causal_lm and archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            raise CcexpError(f"{key}={name!r} is a {archs[0]}, not a causal language model; give a decoder LM "
+                             "(its config.json's architectures end in ForCausalLM or LMHeadModel)")
         return
     from huggingface_hub import try_to_load_from_cache
 

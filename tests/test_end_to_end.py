@@ -97,6 +97,15 @@ def test_runs_hold_config_params_loss_and_per_cluster_and_domain_perplexity(swee
         assert "sampler/max_repetition" in m and "sampler/kl_to_corpus" in m
         arts = {a.path for a in client.list_artifacts(r.info.run_id)}
         assert {"resolved_config.yaml", "tables"} <= arts
+    # exposure per label for every run: the tokens trained per domain add up to the run's tokens
+    import csv
+    import tempfile
+
+    for r in rs:
+        path = client.download_artifacts(r.info.run_id, "tables/label_domain.csv", tempfile.mkdtemp())
+        rows = list(csv.DictReader(open(path)))
+        assert len(rows) >= 5 and sum(int(x["train_tokens"]) for x in rows) == r.data.metrics["train/tokens"]
+        assert any(x["heldout_ppl"] for x in rows) and all(x["domain"] for x in rows)
 
 
 def test_sweep_embeds_once_and_clusters_once_per_seed(sweep):

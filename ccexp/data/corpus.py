@@ -178,7 +178,8 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
     if empty:
         log.warning("corpus: dropped %d empty document(s) from %s", empty, path)
     if not texts:
-        raise CcexpError(f"{path}: no non-empty documents in field {text_field!r}")
+        raise CcexpError(f"{path}: no non-empty documents in field {response_field or text_field!r}"
+                         + ("; every response is empty" if response_field else ""))
     corpus = Corpus(ids, texts, labels, prompt_chars=np.asarray(prompt_chars, dtype=np.int64) if response_field else None)
     if max_documents is not None and max_documents < len(corpus):
         corpus = subset(corpus, np.sort(np.argsort(id_hash(corpus.ids, "subsample"))[:max_documents]))
@@ -191,7 +192,14 @@ def _response(path: Path, row: int, rec: dict, response_field: str) -> str:
                          "data.response_field to the field that holds the response, or null for plain documents")
     response = rec[response_field]
     if not isinstance(response, str):
-        raise CcexpError(f"{path}: record {row} field {response_field!r} is {type(response).__name__}, not a string")
+        kind = "null" if response is None else type(response).__name__
+        raise CcexpError(f"{path}: record {row} field {response_field!r} is {kind}, not a string; give every record a "
+                         "text response (or drop the record)")
+    try:
+        response.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CcexpError(f"{path}: record {row} field {response_field!r} holds a lone surrogate (an escaped "
+                         "\\ud800-\\udfff without its pair), which is not valid Unicode; fix that record") from None
     return response
 
 

@@ -161,7 +161,7 @@ class TokenStream:
     # -- rows ----------------------------------------------------------------------------------
     def rows(self, plan: StepPlan, rows: np.ndarray, *, tokens: np.ndarray, offsets: np.ndarray,
              corpus_index: np.ndarray, eos_id: int, document_mask: bool,
-             prompt_tokens: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+             prompt_tokens: np.ndarray | None = None, groups: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         """Materialise rows ``rows`` (int64[m], indices among the step's R rows) of ``plan``.
 
         Args:
@@ -173,6 +173,8 @@ class TokenStream:
             prompt_tokens: instruction data, int64[N] prompt tokens of each corpus document: also
                 return ``loss_mask`` bool[m, L], True where the target is a response token (prompt
                 tokens and separators are not trained on).
+            groups: int64[N] a label's value id of each corpus document: also return ``group_ids``
+                int64[m, L], the value of each input's document (per-label accounting).
 
         Returns:
             ``input_ids``, ``labels`` (the next token of every input) and ``cluster_ids`` (the cluster
@@ -190,6 +192,8 @@ class TokenStream:
         out = {"input_ids": torch.from_numpy(ids[:, :-1].copy()), "labels": torch.from_numpy(ids[:, 1:].copy()),
                "cluster_ids": torch.from_numpy(self.sampler.labels[doc[:, :-1]].astype(np.int64)),
                "doc_ids": torch.from_numpy(doc[:, :-1].copy())}
+        if groups is not None:
+            out["group_ids"] = torch.from_numpy(groups[corpus_index[doc[:, :-1]]].astype(np.int64))
         if prompt_tokens is not None:
             target_doc = corpus_index[doc[:, 1:]]
             out["loss_mask"] = torch.from_numpy(k[:, 1:] - 1 >= prompt_tokens[target_doc])

@@ -87,7 +87,7 @@ def separator_id(tok, separator: str | None = None) -> int:
         sid = tok.convert_tokens_to_ids(separator)
         if sid is None or sid == tok.unk_token_id and separator != tok.unk_token:
             raise CcexpError(f"model.tokenizer.separator={separator!r} is not a token of this tokenizer; give one "
-                             f"of its special tokens, e.g. {tok.eos_token!r}")
+                             f"of its special tokens: {', '.join(tok.all_special_tokens[:8])}")
         return int(sid)
     if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None:
         return int(tok.bos_token_id)

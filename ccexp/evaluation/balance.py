@@ -150,9 +150,38 @@ def write_cluster_table(path: Path, *, sizes: np.ndarray, exposure: np.ndarray, 
     return path
 
 
+def write_label_table(path: Path, *, label: str, names: list[str], train_docs: np.ndarray, loss_sum: np.ndarray,
+                      tokens: np.ndarray, metrics: dict[str, float]) -> Path:
+    """``label_<label>.csv``, one row per value of the label: ``train_docs`` (training documents),
+    ``train_tokens`` / ``train_token_share`` / ``train_loss_mean`` (tokens trained on, their share of
+    the run's, their mean loss in nats), ``heldout_docs`` and ``heldout_ppl`` (from the evaluation's
+    ``heldout_docs_<label>/*`` and ``ppl_<label>/*``; empty where there are none)."""
+    import csv
+
+    from ccexp.names import safe_names
+
+    safe = safe_names(names)
+    total = max(int(tokens.sum()), 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([label, "train_docs", "train_tokens", "train_token_share", "train_loss_mean", "heldout_docs",
+                    "heldout_ppl"])
+        for g, name in enumerate(names):
+            ppl = metrics.get(f"ppl_{label}/{safe[name]}")
+            w.writerow([name, int(train_docs[g]), int(tokens[g]), f"{tokens[g] / total:.5f}",
+                        f"{loss_sum[g] / tokens[g]:.5f}" if tokens[g] else "",
+                        int(metrics.get(f"heldout_docs_{label}/{safe[name]}", 0)),
+                        f"{ppl:.4f}" if ppl is not None and np.isfinite(ppl) else ""])
+    return path
+
+
 def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, result,
-                    labels: dict[str, list[str]] | None = None) -> list[tuple[Path, str | None]]:
-    """The run's files: ``resolved_config.yaml``, ``tables/clusters.csv``, ``labels/<label>.json`` (each
+                    labels: dict[str, list[str]] | None = None,
+                    train_mask: np.ndarray | None = None) -> list[tuple[Path, str | None]]:
+    """The run's files: ``resolved_config.yaml``, ``tables/clusters.csv``, ``tables/label_<label>.csv`` (tokens
+    trained and held-out perplexity per value of the corpus's first label; ``train_mask``: bool[N], the
+    training documents), ``labels/<label>.json`` (each
     label value and the name its metrics carry, :func:`ccexp.names.safe_names`) and (``eval.balance_report``)
     the balance report under ``balance/``. Returns (path, MLflow artifact folder) pairs.
 
@@ -170,6 +199,14 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                 average_weights=sampler.average_weights() if hasattr(sampler, "average_weights")
                                 else None)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
+    if fit.group_field is not None and module.num_groups:
+        values = np.asarray((labels or {})[fit.group_field], dtype=object).astype(str)
+        train = np.ones(values.size, dtype=bool) if train_mask is None else train_mask
+        counts = np.array([(values[train] == n).sum() for n in fit.group_names], dtype=np.int64)
+        files.append((write_label_table(run_dir / "tables" / f"label_{fit.group_field}.csv", label=fit.group_field,
+                                        names=fit.group_names, train_docs=counts,
+                                        loss_sum=module.group_loss_sum.cpu().numpy(),
+                                        tokens=module.group_tokens.cpu().numpy(), metrics=result.metrics), "tables"))
     for label, values in (labels or {}).items():
         import json
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("ccexp")
 STATUS_FILE = "status.json"
@@ -71,6 +71,13 @@ class MlflowSweepCallback(Callback):
             refuse_relaunch_in_multirun(config)  # before any job: one line, not one failure per job
         except CcexpError as e:
             raise Refused(str(e)) from None
+        target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if target.endswith("SlurmLauncher"):
+            import shutil
+
+            if shutil.which("sbatch") is None:
+                raise Refused("hydra/launcher=slurm submits jobs with sbatch, which is not on this machine; run the "
+                              "sweep from a Slurm login node, or try it here with hydra/launcher=local")
         LAST_SWEEP_FAILURES.clear()
         _ACTIVE = self
         from ccexp.config import sweep_id

@@ -36,7 +36,8 @@ class MicroBatchDataset(Dataset):
         mine = rank_slice(np.arange(m.stream.rows_per_step), m.rank, m.world_size)
         rows = mine[micro * m.micro_batch_size:(micro + 1) * m.micro_batch_size]
         batch = m.stream.rows(plan, rows, tokens=m.tokens, offsets=m.offsets, corpus_index=m.train_docs,
-                              eos_id=m.eos_id, document_mask=m.document_mask, prompt_tokens=m.prompt_tokens)
+                              eos_id=m.eos_id, document_mask=m.document_mask, prompt_tokens=m.prompt_tokens,
+                              groups=m.groups)
         batch.update(step=step, micro=micro, last_micro=micro == m.grad_accumulation - 1,
                      rows=torch.from_numpy(rows))
         return batch
@@ -73,14 +74,17 @@ class SamplerDataModule(L.LightningDataModule):
         document_mask: give each row per-document ``position_ids`` (intra-document attention).
         prompt_tokens: instruction data, int64[N] prompt tokens per corpus document: batches carry a
             ``loss_mask`` so only response tokens are trained on.
+        groups: int64[N] value id of a label (the first of ``data.label_fields``) per corpus document:
+            batches carry ``group_ids`` for per-label accounting.
     """
 
     def __init__(self, stream: TokenStream, train_docs: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, *,
                  total_steps: int, micro_batch_size: int, grad_accumulation: int, eos_id: int,
-                 document_mask: bool = False, prompt_tokens: np.ndarray | None = None):
+                 document_mask: bool = False, prompt_tokens: np.ndarray | None = None,
+                 groups: np.ndarray | None = None):
         super().__init__()
         self.stream = stream
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens, self.groups = prompt_tokens, groups
         self.train_docs = np.asarray(train_docs, dtype=np.int64)
         self.tokens, self.offsets = tokens, offsets
         self.total_steps, self.micro_batch_size = int(total_steps), int(micro_batch_size)

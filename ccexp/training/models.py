@@ -40,10 +40,13 @@ def hf_causal_lm(pretrained: str, dtype: str = "float32", gradient_checkpointing
                 return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
         model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=getattr(torch, dtype), local_files_only=True)
     except (OSError, ValueError) as e:
-        where = "folder" if Path(pretrained).expanduser().exists() else "model id (not in the local HF cache)"
-        raise CcexpError(f"model.pretrained={pretrained!r}: cannot load this {where} offline "
-                         f"({str(e).splitlines()[0][:100]}); download it beforehand (e.g. `huggingface-cli download "
-                         f"{pretrained}`) or give a local folder") from None
+        reason = " ".join(str(e).split())[:300]
+        if Path(pretrained).expanduser().exists():
+            raise CcexpError(f"model.pretrained={pretrained!r}: cannot load this folder ({reason}); it must hold a "
+                             "causal LM saved with save_pretrained (config.json and its weights)") from None
+        raise CcexpError(f"model.pretrained={pretrained!r}: cannot load this model id offline, it is not in the local "
+                         f"HF cache ({reason}); download it beforehand (`huggingface-cli download {pretrained}`) or "
+                         "give a local folder") from None
     model.train()  # from_pretrained returns eval mode: no dropout, and no gradient checkpointing, in training
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()

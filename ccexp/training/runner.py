@@ -125,6 +125,8 @@ class FitResult:
     stream: TokenStream
     telemetry: SamplerTelemetry
     model: torch.nn.Module | None = None  # the trained model, whole (gathered on rank 0 when it was sharded)
+    group_field: str | None = None  # the label whose values the module counted tokens for (module.group_*)
+    group_names: list[str] | None = None  # its values, by group id
 
     def metrics(self) -> dict[str, float]:
         """``train/*`` and ``data/*`` figures of the run."""
@@ -133,6 +135,16 @@ class FitResult:
                 self.seconds, "data/truncated_tokens": float(self.stream.truncated_tokens),
                 "data/documents_started": float(self.stream.documents_started),
                 "train/skipped_tokens": float(self.module.skipped_tokens)}
+
+
+def label_groups(labels: dict[str, list[str]]) -> tuple[str | None, list[str], np.ndarray | None]:
+    """The first label field of the corpus, its sorted values and each document's value id
+    (int64[N]), for per-label accounting of the tokens trained; ``(None, [], None)`` without labels."""
+    if not labels:
+        return None, [], None
+    field = next(iter(labels))
+    names, ids = np.unique(np.asarray(labels[field], dtype=object).astype(str), return_inverse=True)
+    return field, names.tolist(), ids.astype(np.int64)
 
 
 def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: int) -> dict:
@@ -196,13 +208,15 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
     if resume_from:
         check_resume(resume_from, signature)
     sampler = stream.sampler
+    group_field, group_names, groups = label_groups(labels)
     dm = SamplerDataModule(stream, split.train_docs, tokenized.tokens, tokenized.offsets, total_steps=cfg.train.steps,
                            micro_batch_size=cfg.train.micro_batch_size, grad_accumulation=cfg.train.grad_accumulation,
                            eos_id=tokenized.separator_id, document_mask=cfg.train.document_mask,
-                           prompt_tokens=tokenized.prompt_tokens)
+                           prompt_tokens=tokenized.prompt_tokens, groups=groups)
     module = CausalLMModule(model, sampler.num_clusters, sampler=sampler, lr=cfg.train.lr,
                             weight_decay=cfg.train.weight_decay, warmup_steps=cfg.train.warmup_steps,
-                            total_steps=cfg.train.steps, on_nonfinite=cfg.train.on_nonfinite, signature=signature)
+                            total_steps=cfg.train.steps, on_nonfinite=cfg.train.on_nonfinite, signature=signature,
+                            num_groups=len(group_names))
     telemetry = SamplerTelemetry(sampler, cfg.train.log_every_n_steps)
     callbacks = [telemetry, ProgressLog(cfg.train.log_every_n_steps), build_curve(cfg, split, tokenized, labels),
                  StopOnSignal(run_dir / "checkpoints" / "last.ckpt"),
@@ -219,4 +233,5 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         dm.load_state_dict(state[type(dm).__qualname__])
         module.load_state_dict(state["state_dict"], strict=False)
-    return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole)
+    return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
+                     group_field, group_names)
