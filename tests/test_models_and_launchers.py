@@ -97,18 +97,15 @@ def test_instruction_records_become_prompt_plus_response_with_the_boundary(tmp_p
     c = read_corpus(path, text_field="prompt", response_field="response")
     assert c.texts == ["Q: 2+2?\nA: 4", "Name a colour. red"]  # the empty response is dropped
     assert c.prompt_chars.tolist() == [len("Q: 2+2?\nA:"), len("Name a colour.")]
-    path.write_text('{"prompt": "x"}\n')
-    with pytest.raises(CcexpError, match="has no field 'response'.*set data.response_field"):
-        read_corpus(path, text_field="prompt", response_field="response")
-    path.write_text('{"prompt": "x", "response": "\\ud800 bad"}\n')
-    with pytest.raises(CcexpError, match="record 1 field 'response' holds a lone surrogate"):
-        read_corpus(path, text_field="prompt", response_field="response")
-    path.write_text('{"prompt": "x", "response": null}\n')
-    with pytest.raises(CcexpError, match="record 1 field 'response' is null, not a string"):
-        read_corpus(path, text_field="prompt", response_field="response")
-    path.write_text('{"prompt": "x", "response": " "}\n{"prompt": "y", "response": ""}\n')
-    with pytest.raises(CcexpError, match="no non-empty documents in field 'response'; every response is empty"):
-        read_corpus(path, text_field="prompt", response_field="response")
+    bad = [('{"prompt": "x"}\n', "has no field 'response'.*set data.response_field"),
+           ('{"prompt": "x", "response": "\\ud800 bad"}\n', "record 1 field 'response' holds a lone surrogate"),
+           ('{"prompt": "x", "response": null}\n', "record 1 field 'response' is null, not a string"),
+           ('{"prompt": "x", "response": " "}\n{"prompt": "y", "response": ""}\n',
+            "no non-empty documents in field 'response'; every response is empty")]
+    for text, message in bad:
+        path.write_text(text)
+        with pytest.raises(CcexpError, match=message):
+            read_corpus(path, text_field="prompt", response_field="response")
 
 
 def test_model_folders_without_weights_or_of_an_encoder_are_refused_before_any_work(tiny_hf_folder, tmp_path):
