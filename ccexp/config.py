@@ -401,6 +401,19 @@ class EvalConfig:
 
 
 @dataclass
+class PlanConfig:
+    """``python -m ccexp.plan``: a policy's token stream without a model (:mod:`ccexp.data.simulate`)."""
+
+    source: str = "corpus"  # corpus (this config's own cached stages) | synthetic (the numbers below)
+    clusters: int = ge(1, 10000)  # synthetic: K
+    documents: int = ge(1, 1_000_000)  # synthetic: N
+    zipf: float = 1.0  # synthetic: n_c ∝ c^-zipf
+    mean_tokens: float = 500.0  # synthetic: mean document length (log-normal)
+    sigma: float = 1.0  # synthetic: log-space spread of the lengths
+    record_every: int = ge(1, 100)  # steps between points of the mix-over-time curves
+
+
+@dataclass
 class RootConfig:
     data: Any = MISSING
     embedder: Any = MISSING
@@ -415,6 +428,7 @@ class RootConfig:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 # (group, schema name, dataclass): every config group option names one of these in its defaults list

@@ -1,6 +1,19 @@
-"""Will it fit? A dry run that builds the configured model on the meta device (no weights, no
-download) and prints its parameters and the per-GPU memory of weights, gradients, optimizer state
-and activations under the chosen trainer strategy, precision and micro-batch.
+"""Plans that cost no training run.
+
+``python -m ccexp.plan [overrides]`` — the stream plan: the configured policy's exact token stream
+for ``train.steps`` steps of ``train.tokens_per_step`` tokens, without a model, over this config's
+own cached stages (``plan.source=corpus``) or a synthetic corpus (``plan.source=synthetic``:
+``plan.clusters``, ``plan.documents``, Zipf sizes, log-normal lengths). It reports per cluster the
+documents and tokens drawn and the step a clip took it out, the repetition histogram, and the mix's
+entropy and KL over time: ``plan.md``, ``clusters.csv``, ``history.csv``, ``plan.png`` under
+``<paths.outputs>/plans/``, and an MLflow run (experiment ``<logger.experiment>-plan``, tag
+``ccexp.plan``). A comma list sweeps (``sampler.clip_threshold=2,3,5,10``): one plan each, drawn on
+one plot.
+
+``python -m ccexp.plan model`` — will it fit? A dry run that builds the configured model on the
+meta device (no weights, no download) and prints its parameters and the per-GPU memory of weights,
+gradients, optimizer state and activations under the chosen trainer strategy, precision and
+micro-batch.
 
     python -m ccexp.plan model +recipe=llama2_7b [--gpu-gb 80] [key=value ...]
 
@@ -24,6 +37,7 @@ buffers come on top, so the plan asks for 10 % headroom.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ccexp.errors import CcexpError
@@ -111,7 +125,7 @@ def estimate(cfg, model, config, gpu_gb: float) -> dict:
 def render(cfg, e: dict) -> str:
     name = cfg.recipe_name or cfg.model.name
     lines = [f"ccexp plan: {name} ({cfg.model.get('pretrained', cfg.model.name)})",
-             f"  parameters          " + (f"{e['parameters'] / 1e9:.2f} B" if e["parameters"] >= 1e9 else
+             "  parameters          " + (f"{e['parameters'] / 1e9:.2f} B" if e["parameters"] >= 1e9 else
                                          f"{e['parameters'] / 1e6:.1f} M") + f" ({e['parameters']:,})",
              f"  ranks               {e['world_size']} ({cfg.trainer.devices} device(s) x {cfg.trainer.num_nodes} node(s)), "
              f"{e['strategy']}, {e['precision']}",
@@ -154,15 +168,19 @@ def advice(cfg, e: dict) -> list[str]:
     return out
 
 
-USAGE = "usage: python -m ccexp.plan model [--gpu-gb 80] [overrides ...]   (parameters and memory per GPU)"
+USAGE = ("usage: python -m ccexp.plan [overrides ...]                      (the policy's token stream, no model)\n"
+         "       python -m ccexp.plan model [--gpu-gb 80] [overrides ...]   (parameters and memory per GPU)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the plan; exit 0 when it fits, 1 when it does not, 2 for bad input."""
+    """``model``: print the memory plan, exit 0 when it fits, 1 when it does not; else the stream
+    plan (:func:`stream_main`). Bad input exits 2 with one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
     if not argv or argv[0] != "model":
-        print(USAGE, file=sys.stderr)
-        return 2
+        return stream_main(argv)
     ap = argparse.ArgumentParser(prog="python -m ccexp.plan model",
                                  description="Will it fit? Build the configured model on the meta device (no "
                                              "weights, no download) and print its parameters and per-GPU memory.")
@@ -185,17 +203,216 @@ def main(argv: list[str] | None = None) -> int:
         check_fsdp_options(cfg.trainer)
         model, config = build_meta_model(cfg)
         e = estimate(cfg, model, config, args.gpu_gb)
-    except CcexpError as err:
-        print(f"ccexp: error: {err}", file=sys.stderr)
-        return 2
-    except (HydraException, OmegaConfBaseException) as err:
-        from ccexp.__main__ import one_line
-
-        cause = err.__cause__ or err.__context__
-        print("ccexp: error: " + (str(cause) if isinstance(cause, CcexpError) else one_line(err)), file=sys.stderr)
-        return 2
+    except (CcexpError, HydraException, OmegaConfBaseException) as err:
+        return error_line(err)
     print(render(cfg, e))
     return 0 if e["fits"] else 1
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """The Cartesian product of comma-list overrides (Hydra's override grammar), one list per plan."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [o.input_line] for o in parsed]
+    return [list(c) for c in itertools.product(*choices)]
+
+
+def stream_main(overrides: list[str]) -> int:
+    """The stream plan of every combination of ``overrides``; see the module docstring."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ccexp.__main__ import CONFIG_DIR
+    from ccexp.runtime import quiet_libraries
+
+    quiet_libraries()
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    try:
+        variants = expand_sweep(overrides)
+        plans = []
+        for variant in variants:
+            with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+                cfg = compose("config", overrides=variant)
+            plans.append((label_of(variant, overrides), cfg, stream_plan(cfg)))
+        out = write_plans(plans)
+    except (CcexpError, HydraException, OmegaConfBaseException) as err:
+        return error_line(err)
+    print(f"plan: {out / 'plan.md'}")
+    return 0
+
+
+def error_line(err: BaseException) -> int:
+    """Print bad input as the one ``ccexp: error:`` line (a CcexpError behind a Hydra error is shown
+    as itself) and return exit status 2."""
+    from ccexp.__main__ import one_line
+
+    cause = err if isinstance(err, CcexpError) else err.__cause__ or err.__context__
+    print("ccexp: error: " + (str(cause) if isinstance(cause, CcexpError) else one_line(err)), file=sys.stderr)
+    return 2
+
+
+def label_of(variant: list[str], overrides: list[str]) -> str:
+    """The part of a variant that the sweep varies (or the sampler's name for a single plan)."""
+    varied = [v for v in variant if v not in overrides]
+    return " ".join(varied) if varied else next((v.split("=", 1)[1] for v in variant if v.startswith("sampler=")),
+                                                "plan")
+
+
+def stream_plan(cfg):
+    """Simulate ``cfg``'s policy: over its own stages, or a synthetic corpus. Returns a StreamPlan."""
+    import numpy as np
+
+    from ccexp.data.packing import stream_lengths
+    from ccexp.data.simulate import simulate, synthetic_corpus
+    from ccexp.preflight import preflight_stream
+
+    preflight_stream(cfg)
+    p = cfg.plan
+    if p.source == "synthetic":
+        from ccexp.build import build
+
+        labels, sizes, lengths = synthetic_corpus(p.clusters, p.documents, zipf=p.zipf, mean_tokens=p.mean_tokens,
+                                                  sigma=p.sigma, seed=cfg.seed)
+        stream_len = stream_lengths(lengths, cfg.train.max_doc_tokens)  # what the sampler's budget check sees
+        block = int(np.clip(np.ceil(cfg.train.tokens_per_step / float(stream_len.mean())), 1, 2**20))
+        extra = {"similarity": np.zeros(labels.size, np.float32)} if cfg.sampler.name == "cluster_dp" else {}
+        sampler = build(cfg.sampler, "sampler", labels=labels, sizes=sizes, block_size=block, seed=cfg.seed,
+                        document_tokens=stream_len, token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1,
+                        **extra)
+    elif p.source == "corpus":
+        from pathlib import Path
+
+        from ccexp import stages
+        from ccexp.artifacts import StageStore
+        from ccexp.training import runner
+
+        stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
+        corpus = stage.corpus()
+        pretrained = stage.model()
+        clustering = stage.cluster(corpus, stage.embed(corpus, pretrained))
+        tokenized = stage.tokenize(corpus, pretrained)
+        split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering))
+        sampler = runner.build_sampler(cfg, split, tokenized)
+        lengths = tokenized.lengths(split.train_docs)
+    else:
+        raise CcexpError(f"plan.source={p.source!r} is not an option; use corpus or synthetic")
+    plan = simulate(sampler, lengths, steps=cfg.train.steps, tokens_per_step=cfg.train.tokens_per_step,
+                    seq_len=cfg.train.seq_len, max_doc_tokens=cfg.train.max_doc_tokens, record_every=p.record_every)
+    logging.getLogger("ccexp").info(
+        "plan: %s, %d steps x %s tokens in %.1f s: %d of %d clusters clipped, max repetition %d", cfg.sampler.name,
+        cfg.train.steps, f"{cfg.train.tokens_per_step:,}", plan.seconds, int((plan.clipped_at >= 0).sum()),
+        int((plan.sizes > 0).sum()), max(plan.repetition_histogram, default=0))
+    return plan
+
+
+def write_plans(plans: list):
+    """``plan.md``, ``clusters.csv`` (one block per variant), ``history.csv`` and ``plan.png`` in a new
+    folder under ``<paths.outputs>/plans/``, and one MLflow run per variant. Returns the folder."""
+    import csv
+    import time
+    from pathlib import Path
+
+    cfg0 = plans[0][1]
+    out = Path(cfg0.paths.outputs).resolve() / "plans" / time.strftime("%Y-%m-%d") / f"{time.strftime('%H-%M-%S')}-" \
+        f"{__import__('os').getpid()}"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "clusters.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["variant", "cluster", "train_size", "documents", "tokens", "token_share", "clipped_at_step"])
+        for label, _, p in plans:
+            share = p.tokens / max(1, p.tokens.sum())
+            for c in range(p.sizes.size):
+                w.writerow([label, c, int(p.sizes[c]), int(p.documents[c]), int(p.tokens[c]), f"{share[c]:.6f}",
+                            int(p.clipped_at[c])])
+    with open(out / "history.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        keys = list(plans[0][2].history)
+        w.writerow(["variant", *keys])
+        for label, _, p in plans:
+            for row in zip(*(p.history[k] for k in keys)):
+                w.writerow([label, *row])
+    png = plot_plans(plans, out / "plan.png")
+    p0 = cfg0.plan
+    source = (f"synthetic corpus (K={p0.clusters:,}, N={p0.documents:,}, Zipf {p0.zipf}, mean {p0.mean_tokens:g} "
+              f"tokens)" if p0.source == "synthetic" else f"{cfg0.data.name}, {cfg0.clusterer.name}")
+    lines = [f"# Stream plan: {source}, {cfg0.train.steps} steps x {cfg0.train.tokens_per_step:,} tokens", "",
+             "No model was trained: the policy's own token stream was run and counted (ccexp.data.simulate).", "",
+             "| variant | clusters clipped | first clip at step | max repetition | final mix entropy (nats) | "
+             "KL to corpus | KL to uniform | seconds |", "|---|---|---|---|---|---|---|---|"]
+    for label, _, p in plans:
+        clipped = p.clipped_at[p.clipped_at >= 0]
+        h = p.history
+        lines.append(f"| {label} | {clipped.size} of {int((p.sizes > 0).sum())} | "
+                     f"{int(clipped.min()) + 1 if clipped.size else '-'} | {max(p.repetition_histogram, default=0)} | "
+                     f"{h['mix_entropy'][-1]:.3f} | {h['kl_to_corpus'][-1]:.3f} | {h['kl_to_uniform'][-1]:.3f} | "
+                     f"{p.seconds:.1f} |")
+    lines += ["", "![plan](plan.png)", "", "Per cluster: clusters.csv; over time: history.csv."]
+    (out / "plan.md").write_text("\n".join(lines) + "\n")
+    log_plans(plans, out, [out / "plan.md", out / "clusters.csv", out / "history.csv", png])
+    return out
+
+
+def plot_plans(plans: list, path):
+    """Two panels: each cluster's share of the tokens against its share of the corpus (log-log), and
+    the KL divergence of the token mix to the corpus mix over the steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, _, p in plans:
+        nz = p.sizes > 0
+        corpus = p.sizes[nz] / p.sizes[nz].sum()
+        share = p.tokens[nz] / max(1, p.tokens.sum())
+        order = np.argsort(corpus)
+        a.plot(corpus[order], np.maximum(share[order], 1e-12), ".", ms=3, label=label)
+        b.plot(p.history["step"], p.history["kl_to_corpus"], label=label)
+    lo = min(float((p.sizes[p.sizes > 0] / p.sizes.sum()).min()) for _, _, p in plans)
+    a.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="= corpus mix (random)")
+    a.set(xscale="log", yscale="log", xlabel="cluster's share of the training documents",
+          ylabel="cluster's share of the tokens trained", title="exposure per cluster")
+    b.set(xlabel="optimizer step", ylabel="KL(token mix || corpus mix), nats", title="mix over the run")
+    a.legend(fontsize=7)
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def log_plans(plans: list, out, files: list) -> None:
+    """One MLflow run per variant in ``<logger.experiment>-plan`` (tag ``ccexp.plan``), with the files."""
+    cfg0 = plans[0][1]
+    if not cfg0.logger.enabled:
+        return
+    from pathlib import Path
+
+    from ccexp.tracking.mlflow_run import ensure_experiment, open_store, tracking_uri
+
+    outputs = Path(cfg0.paths.outputs).resolve()
+    client = open_store(tracking_uri(cfg0.logger.tracking_uri, outputs))
+    artifacts = Path(cfg0.logger.artifact_location or outputs / "mlartifacts").resolve()
+    exp = ensure_experiment(client, f"{cfg0.logger.experiment}-plan", artifacts)
+    for label, cfg, p in plans:
+        run = client.create_run(exp, run_name=f"plan-{label}".replace(" ", "_")[:200],
+                                tags={"ccexp.plan": "true", "sampler": cfg.sampler.name, "data": cfg.data.name})
+        rid = run.info.run_id
+        for step, kl, ent in zip(p.history["step"], p.history["kl_to_corpus"], p.history["mix_entropy"]):
+            client.log_metric(rid, "plan/kl_to_corpus", kl, step=int(step))
+            client.log_metric(rid, "plan/mix_entropy", ent, step=int(step))
+        client.log_metric(rid, "plan/clusters_clipped", float((p.clipped_at >= 0).sum()))
+        client.log_metric(rid, "plan/max_repetition", float(max(p.repetition_histogram, default=0)))
+        client.log_metric(rid, "plan/seconds", p.seconds)
+        for f in files:
+            client.log_artifact(rid, str(f))
+        client.set_terminated(rid, "FINISHED")
 
 
 if __name__ == "__main__":

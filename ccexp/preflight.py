@@ -57,6 +57,23 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
         raise CcexpError(f"paths.outputs={str(out)!r} is a file; give a folder for ccexp's outputs")
 
 
+def preflight_stream(cfg: DictConfig) -> None:
+    """The checks that a model-free stream plan needs (:mod:`ccexp.plan`): keys and bounds, the token
+    budget over ranks and micro-batches, and the sampler, clusterer and embedder's own options.
+
+    Raises:
+        CcexpError: for the first invalid setting.
+    """
+    _check_keys_and_bounds(cfg, schemas.RootConfig, "")
+    missing = _missing_keys(cfg)
+    if missing and cfg.plan.source != "synthetic":
+        raise CcexpError(f"{missing[0]} is required and has no value; set it on the command line, e.g. {missing[0]}=...")
+    if cfg.plan.source not in ("corpus", "synthetic"):
+        raise CcexpError(f"plan.source={cfg.plan.source!r} is not an option; use corpus or synthetic")
+    _check_token_budget(cfg)
+    _check_components(cfg)
+
+
 def relaunching_strategy(cfg: DictConfig) -> bool:
     """True when Lightning would start the other ranks by re-running this script (``ddp``, ``fsdp``, ...
     on several devices, not under torchrun or srun): inside a multirun each child would re-run the sweep."""
@@ -101,7 +118,8 @@ def _check_keys_and_bounds(node: DictConfig, schema: type, prefix: str) -> None:
         low = f.metadata.get("min")
         if low is not None:
             value = OmegaConf.select(node, key)
-            if value < low if value is not None else f.default is not None:
+            optional = type(None) in typing.get_args(hints[key])
+            if value < low if value is not None else not optional:
                 raise CcexpError(f"{prefix}{key}={value} is out of range; it must be >= {low}")
         child = node._get_node(key)  # the node itself: an interpolation is not resolved here
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():

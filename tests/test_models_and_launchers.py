@@ -4,7 +4,6 @@ cap, recipes that compose, the memory plan, the submitit launcher, and SmolLM2 /
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from pathlib import Path
 

@@ -165,6 +165,10 @@ class Sampler(ABC):
         """Clusters that can still be drawn (all non-empty clusters unless the policy clips)."""
         return int(np.count_nonzero(self.sizes))
 
+    def clipped(self) -> np.ndarray:
+        """bool[K]: the non-empty clusters a repetition clip has taken out of the pool (none here)."""
+        return np.zeros(self.num_clusters, dtype=bool)
+
     def telemetry(self, since: np.ndarray | None = None) -> dict[str, float]:
         """Exposure statistics: clusters still active, max and mean repetition, and the entropy (nats)
         of the sampled cluster mix with its KL divergence (nats) to the corpus mix and to uniform —

@@ -190,6 +190,10 @@ class UniformSampler(Sampler):
         nz = self.sizes > 0
         return int((-(-self._exposure[nz] // self.sizes[nz])).max(initial=0))
 
+    def clipped(self) -> np.ndarray:
+        quota = self._quota(self._exposure)
+        return np.zeros(self.num_clusters, dtype=bool) if quota is None else (quota <= 0) & (self.sizes > 0)
+
     def active_clusters(self) -> int:
         quota = self._quota(self._exposure)
         return super().active_clusters() if quota is None else int(np.count_nonzero(quota > 0))

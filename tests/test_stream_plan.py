@@ -1,0 +1,63 @@
+"""python -m ccexp.plan: a policy's token stream without a model equals what training draws."""
+from __future__ import annotations
+
+import csv
+import sys
+
+import numpy as np
+
+from conftest import run_ccexp
+from test_cases import CASES, TINY
+
+
+def test_the_plan_counts_exactly_what_a_training_run_trained(tmp_path):
+    import subprocess
+
+    common = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={tmp_path / 'out'}", "sampler=clusterclip",
+              "sampler.clip_threshold=2", "sampler.on_exhausted=reset", "train.steps=12", "embedder.shard_size=50",
+              "eval.every_n_steps=null"]
+    proc = run_ccexp(*common, cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (table,) = (tmp_path / "out").glob("runs/*/*/tables/clusters.csv")
+    trained = list(csv.DictReader(open(table)))
+    plan = subprocess.run([sys.executable, "-m", "ccexp.plan", *common], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "reused=True" in plan.stderr  # the run's own cached stages
+    (folder,) = (tmp_path / "out").glob("plans/*/*")
+    planned = list(csv.DictReader(open(folder / "clusters.csv")))
+    assert [int(r["tokens"]) for r in planned] == [int(r["train_tokens"]) for r in trained]
+    assert [int(r["documents"]) for r in planned] == [int(r["exposure"]) for r in trained]
+    assert sum(int(r["tokens"]) for r in planned) == 12 * 512
+    assert (folder / "plan.png").is_file() and "| clusterclip |" in (folder / "plan.md").read_text()
+
+
+def test_a_synthetic_plan_sweeps_the_clip_threshold_onto_one_plot(tmp_path):
+    from mlflow import MlflowClient
+
+    from ccexp.plan import main
+
+    code = main(["plan.source=synthetic", "plan.clusters=200", "plan.documents=2000", "plan.record_every=10",
+                 "sampler=clusterclip", "sampler.clip_threshold=1,3", "sampler.on_exhausted=reset", "train.steps=60",
+                 "train.tokens_per_step=65536", "train.seq_len=512", "train.micro_batch_size=128",
+                 f"paths.outputs={tmp_path}"])
+    assert code == 0
+    (folder,) = tmp_path.glob("plans/*/*")
+    rows = list(csv.DictReader(open(folder / "clusters.csv")))
+    by = {v: [r for r in rows if r["variant"] == v] for v in ("sampler.clip_threshold=1", "sampler.clip_threshold=3")}
+    assert all(len(r) == 200 for r in by.values())
+    first_clip = {v: min(int(r["clipped_at_step"]) for r in rs if int(r["clipped_at_step"]) >= 0) for v, rs in by.items()}
+    assert first_clip["sampler.clip_threshold=1"] < first_clip["sampler.clip_threshold=3"]  # M=1 clips sooner
+    hist = list(csv.DictReader(open(folder / "history.csv")))
+    assert len(hist) == 2 * 6 and all(np.isfinite(float(h["kl_to_corpus"])) for h in hist)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ccexp-plan")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 2 and all(r.data.tags["ccexp.plan"] == "true" for r in runs)
+
+
+def test_bad_plan_input_is_one_line(tmp_path, capsys):
+    from ccexp.plan import main
+
+    assert main(["plan.source=nowhere", f"paths.outputs={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == "ccexp: error: plan.source='nowhere' is not an option; use corpus or synthetic"
