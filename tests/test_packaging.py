@@ -23,7 +23,8 @@ def test_the_wheel_ships_its_configs_and_runs_from_another_folder(tmp_path):
     wheel = next(dist.glob("ccexp-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"ccexp/conf/config.yaml", "ccexp/conf/recipe/llama2_7b.yaml", "ccexp/conf/sweep/sampler_ablation.yaml",
-            "ccexp/conf/sampler/clusterclip.yaml", "ccexp/data/builtin/debmix_mini.jsonl.gz"} <= names
+            "ccexp/conf/sampler/clusterclip.yaml", "ccexp/data/builtin/debmix_mini.jsonl.gz",
+            "ccexp/conf/hydra/launcher/slurm.yaml", "ccexp/conf/recipe/smollm2_135m.yaml"} <= names
 
     # a fresh venv holding only the wheel; the dependencies come from this interpreter's site-packages,
     # added as a plain path (so its editable install of ccexp is not seen)
