@@ -265,31 +265,22 @@ def label_of(variant: list[str], overrides: list[str]) -> str:
 
 def stream_plan(cfg):
     """Simulate ``cfg``'s policy: over its own stages, or a synthetic corpus. Returns a StreamPlan."""
-    import numpy as np
-
-    from ccexp.data.packing import stream_lengths
     from ccexp.data.simulate import simulate, synthetic_corpus
     from ccexp.preflight import preflight_stream
 
-    preflight_stream(cfg)
+    from ccexp.training import runner
+
+    preflight_stream(cfg)  # also refuses an unknown plan.source
     p = cfg.plan
     if p.source == "synthetic":
-        from ccexp.build import build
-
         labels, sizes, lengths = synthetic_corpus(p.clusters, p.documents, zipf=p.zipf, mean_tokens=p.mean_tokens,
                                                   sigma=p.sigma, seed=cfg.seed)
-        stream_len = stream_lengths(lengths, cfg.train.max_doc_tokens)  # what the sampler's budget check sees
-        block = int(np.clip(np.ceil(cfg.train.tokens_per_step / float(stream_len.mean())), 1, 2**20))
-        extra = {"similarity": np.zeros(labels.size, np.float32)} if cfg.sampler.name == "cluster_dp" else {}
-        sampler = build(cfg.sampler, "sampler", labels=labels, sizes=sizes, block_size=block, seed=cfg.seed,
-                        document_tokens=stream_len, token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1,
-                        **extra)
-    elif p.source == "corpus":
+        sampler = runner.sampler_over(cfg, labels, sizes, lengths)
+    else:  # the same stages as a training run (ccexp.pipeline.run), from the cache when they are there
         from pathlib import Path
 
         from ccexp import stages
         from ccexp.artifacts import StageStore
-        from ccexp.training import runner
 
         stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
         corpus = stage.corpus()
@@ -299,8 +290,6 @@ def stream_plan(cfg):
         split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering))
         sampler = runner.build_sampler(cfg, split, tokenized)
         lengths = tokenized.lengths(split.train_docs)
-    else:
-        raise CcexpError(f"plan.source={p.source!r} is not an option; use corpus or synthetic")
     plan = simulate(sampler, lengths, steps=cfg.train.steps, tokens_per_step=cfg.train.tokens_per_step,
                     seq_len=cfg.train.seq_len, max_doc_tokens=cfg.train.max_doc_tokens, record_every=p.record_every)
     logging.getLogger("ccexp").info(

@@ -31,9 +31,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     """Raise :class:`CcexpError` for the first invalid setting in ``cfg`` (``multirun``: the run is a
     job of a sweep, where a strategy that re-launches the script is refused)."""
     _check_keys_and_bounds(cfg, schemas.RootConfig, "")
-    missing = _missing_keys(cfg)
-    if missing:
-        raise CcexpError(f"{missing[0]} is required and has no value; set it on the command line, e.g. {missing[0]}=...")
+    _check_missing(cfg)
     if multirun:
         refuse_relaunch_in_multirun(cfg)
     if not 0 <= cfg.seed < 2**32:
@@ -65,9 +63,8 @@ def preflight_stream(cfg: DictConfig) -> None:
         CcexpError: for the first invalid setting.
     """
     _check_keys_and_bounds(cfg, schemas.RootConfig, "")
-    missing = _missing_keys(cfg)
-    if missing and cfg.plan.source != "synthetic":
-        raise CcexpError(f"{missing[0]} is required and has no value; set it on the command line, e.g. {missing[0]}=...")
+    if cfg.plan.source != "synthetic":  # a synthetic plan reads no corpus
+        _check_missing(cfg)
     if cfg.plan.source not in ("corpus", "synthetic"):
         raise CcexpError(f"plan.source={cfg.plan.source!r} is not an option; use corpus or synthetic")
     _check_token_budget(cfg)
@@ -149,6 +146,13 @@ def _check_trainer(cfg: DictConfig) -> None:
             raise CcexpError(f"trainer={t.name} needs a CUDA GPU and none is visible; use trainer=cpu")
 
 
+def _check_missing(cfg: DictConfig) -> None:
+    """Raise one line naming the first required value (``???``) left unset."""
+    missing = _missing_keys(cfg)
+    if missing:
+        raise CcexpError(f"{missing[0]} is required and has no value; set it on the command line, e.g. {missing[0]}=...")
+
+
 def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """Full keys of ``???`` values, found without resolving any interpolation."""
     out = []
@@ -200,26 +204,16 @@ def _check_model(cfg: DictConfig) -> None:
     if "n_positions" in m and m.n_positions < max(cfg.train.seq_len, cfg.eval.max_tokens + 1):
         raise CcexpError(f"model.n_positions={m.n_positions} is shorter than train.seq_len / eval.max_tokens+1 "
                          f"({max(cfg.train.seq_len, cfg.eval.max_tokens + 1)}); raise model.n_positions")
-    if "pretrained" in m.keys():
-        if OmegaConf.is_missing(m, "pretrained"):
-            raise CcexpError(f"model={m.name} needs model.pretrained: a local Hugging Face folder, a model id in the "
-                             "local HF cache, a .gguf file or pkg:<package>/<file> (+recipe=smollm2_135m sets one)")
+    if "pretrained" in m:  # a ??? value was refused by _check_missing
         require_local_model(m.pretrained, "model.pretrained", causal_lm=True,
                             tokenizer=m.tokenizer.kind == "pretrained" and not m.tokenizer.path)
     embedder_model = OmegaConf.select(cfg, "embedder.model", default=None)
-    if "pretrained" in inspect_params(cfg.embedder._target_) and embedder_model not in (None, "model"):
+    if "pretrained" in _parameters(cfg.embedder._target_) and embedder_model not in (None, "model"):
         require_local_model(embedder_model, "embedder.model", causal_lm=True, tokenizer=True)
     if cfg.eval.lm_eval is not None and cfg.eval.lm_eval.tasks:
         from ccexp.evaluation.lm_eval_bridge import check_tasks_offline
 
         check_tasks_offline(list(cfg.eval.lm_eval.tasks))
-
-
-def inspect_params(target: str) -> set[str]:
-    try:
-        return _parameters(target)
-    except Exception:
-        return set()
 
 
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")

@@ -18,6 +18,12 @@ from ccexp.errors import CcexpError
 log = logging.getLogger("ccexp")
 
 
+def value_ids(values: list[str]) -> tuple[list[str], np.ndarray]:
+    """The sorted distinct values of a label (as strings) and each document's index among them (int64[N])."""
+    names, ids = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
+    return names.tolist(), ids.astype(np.int64)
+
+
 class LabelGroups:
     """Group documents by the value of ``label_field``.
 
@@ -44,9 +50,8 @@ class LabelGroups:
         if values is None:
             raise CcexpError(f"clusterer.label_field={self.label_field!r} is not a label of this corpus "
                              f"({sorted(label_values or {})}); add it to data.label_fields")
-        self.names, labels = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
-        self.names = self.names.tolist()
-        labels = labels.astype(np.int32)
+        self.names, ids = value_ids(values)
+        labels = ids.astype(np.int32)
         k = len(self.names)
         if k < 2:
             raise CcexpError(f"clusterer=labels: {self.label_field!r} has one value only ({self.names[0]!r}); "

@@ -200,9 +200,8 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                 else None)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
     if fit.group_field is not None and module.num_groups:
-        values = np.asarray((labels or {})[fit.group_field], dtype=object).astype(str)
-        train = np.ones(values.size, dtype=bool) if train_mask is None else train_mask
-        counts = np.array([(values[train] == n).sum() for n in fit.group_names], dtype=np.int64)
+        ids = fit.group_ids if train_mask is None else fit.group_ids[train_mask]
+        counts = np.bincount(ids, minlength=len(fit.group_names)).astype(np.int64)
         files.append((write_label_table(run_dir / "tables" / f"label_{fit.group_field}.csv", label=fit.group_field,
                                         names=fit.group_names, train_docs=counts,
                                         loss_sum=module.group_loss_sum.cpu().numpy(),

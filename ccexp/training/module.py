@@ -62,10 +62,8 @@ class CausalLMModule(L.LightningModule):
         self.num_groups = int(num_groups)
         self.register_buffer("group_loss_sum", torch.zeros(self.num_groups, dtype=torch.float64), persistent=True)
         self.register_buffer("group_tokens", torch.zeros(self.num_groups, dtype=torch.int64), persistent=True)
-        self._step_group_loss: torch.Tensor | None = None
-        self._step_group_tokens: torch.Tensor | None = None
-        self._step_loss: torch.Tensor | None = None  # per-cluster sums over the open step's micro-batches
-        self._step_tokens: torch.Tensor | None = None
+        # the open step's summed token loss and token counts over its micro-batches, per "cluster" and "group"
+        self._open: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if on_nonfinite not in ("stop", "skip_batch"):
             from ccexp.errors import CcexpError
 
@@ -107,20 +105,29 @@ class CausalLMModule(L.LightningModule):
                 self._end_of_step(int(batch["step"]))
             return None
         with torch.no_grad():
-            if self._step_loss is None or self._step_loss.device != cid.device:
-                self._step_loss = torch.zeros(self.num_clusters, dtype=torch.float64, device=cid.device)
-                self._step_tokens = torch.zeros(self.num_clusters, dtype=torch.int64, device=cid.device)
-            self._step_loss.index_add_(0, cid, loss_tok.double())
-            self._step_tokens.index_add_(0, cid, torch.ones_like(cid))
+            self._add_to_step("cluster", cid, self.num_clusters, loss_tok)
             if gid is not None:
-                if self._step_group_loss is None or self._step_group_loss.device != gid.device:
-                    self._step_group_loss = torch.zeros(self.num_groups, dtype=torch.float64, device=gid.device)
-                    self._step_group_tokens = torch.zeros(self.num_groups, dtype=torch.int64, device=gid.device)
-                self._step_group_loss.index_add_(0, gid, loss_tok.double())
-                self._step_group_tokens.index_add_(0, gid, torch.ones_like(gid))
+                self._add_to_step("group", gid, self.num_groups, loss_tok)
             if bool(batch["last_micro"]):
                 self._end_of_step(int(batch["step"]))
         return loss
+
+    def _add_to_step(self, key: str, ids: torch.Tensor, size: int, loss_tok: torch.Tensor) -> None:
+        """Add a micro-batch's token losses to the open step's sums per id (float64[size], int64[size])."""
+        sums = self._open.get(key)
+        if sums is None or sums[0].device != ids.device:
+            sums = self._open[key] = (torch.zeros(size, dtype=torch.float64, device=ids.device),
+                                      torch.zeros(size, dtype=torch.int64, device=ids.device))
+        sums[0].index_add_(0, ids, loss_tok.double())
+        sums[1].index_add_(0, ids, torch.ones_like(ids))
+
+    def _step_sums(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The open step's sums for ``key``, summed over data-parallel ranks."""
+        loss, tokens = self._open[key]
+        if self.trainer.world_size > 1:
+            loss = self.trainer.strategy.reduce(loss, reduce_op="sum")
+            tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
+        return loss, tokens
 
     def _not_finite(self, value: torch.Tensor) -> bool:
         """True when ``value`` is NaN or infinite on any rank (agreed, so every rank takes the same path)."""
@@ -146,10 +153,7 @@ class CausalLMModule(L.LightningModule):
             raise self._nonfinite_error("the gradient")
 
     def _end_of_step(self, step: int) -> None:
-        step_loss, step_tokens = self._step_loss, self._step_tokens
-        if self.trainer.world_size > 1:
-            step_loss = self.trainer.strategy.reduce(step_loss, reduce_op="sum")
-            step_tokens = self.trainer.strategy.reduce(step_tokens, reduce_op="sum")
+        step_loss, step_tokens = self._step_sums("cluster")
         self.cluster_loss_sum += step_loss
         self.cluster_tokens += step_tokens
         if self.sampler is not None:
@@ -159,17 +163,13 @@ class CausalLMModule(L.LightningModule):
         self.last_loss = float(step_mean)  # for the progress line
         self.log("train/loss", step_mean, prog_bar=True, on_step=True, batch_size=1, rank_zero_only=True)
         self.log("train/tokens", self.cluster_tokens.sum().double(), on_step=True, batch_size=1, rank_zero_only=True)
-        self._step_loss.zero_()
-        self._step_tokens.zero_()
-        if self._step_group_loss is not None:
-            group_loss, group_tokens = self._step_group_loss, self._step_group_tokens
-            if self.trainer.world_size > 1:
-                group_loss = self.trainer.strategy.reduce(group_loss, reduce_op="sum")
-                group_tokens = self.trainer.strategy.reduce(group_tokens, reduce_op="sum")
+        if "group" in self._open:
+            group_loss, group_tokens = self._step_sums("group")
             self.group_loss_sum += group_loss
             self.group_tokens += group_tokens
-            self._step_group_loss.zero_()
-            self._step_group_tokens.zero_()
+        for loss, tokens in self._open.values():
+            loss.zero_()
+            tokens.zero_()
 
     @property
     def tokens_seen(self) -> int:

@@ -33,23 +33,31 @@ log = logging.getLogger("ccexp")
 
 
 def build_sampler(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus) -> Sampler:
-    """The configured policy over the training documents, with blocks of about one step's documents
-    and the run's token budget (so a clipping policy can refuse a budget it cannot supply)."""
-    stream_len = stream_lengths(tokenized.lengths(split.train_docs), cfg.train.max_doc_tokens)
+    """The configured policy over the training documents (:func:`sampler_over`)."""
+    return sampler_over(cfg, split.labels[split.train_docs], split.sizes, tokenized.lengths(split.train_docs),
+                        split.similarity[split.train_docs])
+
+
+def sampler_over(cfg: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
+                 similarity: np.ndarray | None = None) -> Sampler:
+    """The configured policy over documents with cluster ``labels`` (int[N]) of ``sizes`` (int64[K]) and
+    ``lengths`` tokens (int64[N]), with blocks of about one step's documents and the run's token budget
+    (so a clipping policy can refuse a budget it cannot supply); ``similarity`` (float[N], cosine to
+    the centroid) for policies that use it (zeros when not given: no document is nearer than another)."""
+    stream_len = stream_lengths(lengths, cfg.train.max_doc_tokens)
     block = int(np.clip(np.ceil(cfg.train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
     extra = {}
     if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
-        extra["similarity"] = split.similarity[split.train_docs]
-    sampler = build(cfg.sampler, "sampler", labels=split.labels[split.train_docs], sizes=split.sizes,
-                    block_size=block, seed=cfg.seed, document_tokens=stream_len,
-                    token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1, **extra)
+        extra["similarity"] = np.zeros(labels.size, np.float32) if similarity is None else similarity
+    sampler = build(cfg.sampler, "sampler", labels=labels, sizes=sizes, block_size=block, seed=cfg.seed,
+                    document_tokens=stream_len, token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1, **extra)
     if hasattr(sampler, "kept_size"):  # CluSTER's reduction
         log.info("cluster_dp: every cluster keeps %s documents (%s of %s training documents, keep=%s)",
-                 f"{sampler.kept_size:,}", f"{sampler.kept_size * sampler.num_lanes:,}", f"{split.train_docs.size:,}",
+                 f"{sampler.kept_size:,}", f"{sampler.kept_size * sampler.num_lanes:,}", f"{labels.size:,}",
                  cfg.sampler.keep)
         if sampler.num_lanes == 1:
             log.warning("cluster_dp: one cluster (K = %d), so CluSTER balances nothing; K defaults to the world size "
-                        "(+recipe=cluster_sft): set clusterer.k or use more devices", split.num_clusters)
+                        "(+recipe=cluster_sft): set clusterer.k or use more devices", sizes.size)
     return sampler
 
 
@@ -127,6 +135,7 @@ class FitResult:
     model: torch.nn.Module | None = None  # the trained model, whole (gathered on rank 0 when it was sharded)
     group_field: str | None = None  # the label whose values the module counted tokens for (module.group_*)
     group_names: list[str] | None = None  # its values, by group id
+    group_ids: np.ndarray | None = None  # int64[N] each corpus document's group id
 
     def metrics(self) -> dict[str, float]:
         """``train/*`` and ``data/*`` figures of the run."""
@@ -140,11 +149,12 @@ class FitResult:
 def label_groups(labels: dict[str, list[str]]) -> tuple[str | None, list[str], np.ndarray | None]:
     """The first label field of the corpus, its sorted values and each document's value id
     (int64[N]), for per-label accounting of the tokens trained; ``(None, [], None)`` without labels."""
+    from ccexp.clustering.labels import value_ids
+
     if not labels:
         return None, [], None
     field = next(iter(labels))
-    names, ids = np.unique(np.asarray(labels[field], dtype=object).astype(str), return_inverse=True)
-    return field, names.tolist(), ids.astype(np.int64)
+    return (field, *value_ids(labels[field]))
 
 
 def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: int) -> dict:
@@ -234,4 +244,4 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
         dm.load_state_dict(state[type(dm).__qualname__])
         module.load_state_dict(state["state_dict"], strict=False)
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
-                     group_field, group_names)
+                     group_field, group_names, groups)
