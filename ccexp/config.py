@@ -247,6 +247,22 @@ class SelectionConfig:
 
 
 @dataclass
+class DedupConfig:
+    """Semantic deduplication inside the finest clusters (SemDeDup, Abbas et al. 2023;
+    :mod:`ccexp.clustering.dedup`), a cached curation step before the sampler; off unless ``enabled``."""
+
+    enabled: bool = False
+    threshold: float = 0.95  # cosine similarity in (0, 1] above which two training documents are near-duplicates
+    keep: str = "hard"  # hard (farthest from the centroid survives, SemDeDup's default) | easy | random
+    examples: int = ge(0, 20)  # example pairs (removed document, the one it duplicates) in the report
+
+
+@dataclass
+class CurateConfig:
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+
+
+@dataclass
 class SamplerConfig:
     _target_: str = MISSING
     name: str = MISSING
@@ -293,7 +309,12 @@ class DynamicConfig(SamplerConfig):
     beta: float = 0.9
     eta: float = 1.0
     epsilon: float = 1e-3
-    reference_losses: Optional[Any] = None  # DoReMi: list, .npy or .json with one loss per cluster
+    eta_tokens: Optional[float] = 524288 / 22  # DoReMi: eta is per this many tokens per cluster (2^19 tokens / 22 domains); null: per update
+    # DoReMi's per-cluster reference loss: "auto" (a reference run of reference_steps with sampler=random on the
+    # same data, cached as the `reference` stage), or a list / .npy / .json file with one loss per cluster
+    reference_losses: Optional[Any] = "auto"
+    reference_steps: int = "${ccexp.percent:${train.steps},20}"  # type: ignore[assignment]  # 20 % of the run
+    reference_documents: int = ge(1, 32)  # training documents per cluster the reference model is scored on
     clip_threshold: Optional[int] = None
     on_exhausted: str = "error"
 
@@ -426,6 +447,7 @@ class RootConfig:
     seed: int = 0  # in [0, 2**32)
     recipe_name: Optional[str] = None
     selection: SelectionConfig = field(default_factory=SelectionConfig)
+    curate: CurateConfig = field(default_factory=CurateConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)

@@ -38,12 +38,14 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
     corpus = stage.corpus()
     pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
-    clustering = stage.cluster(corpus, stage.embed(corpus, pretrained))
+    embeddings = stage.embed(corpus, pretrained)
+    clustering = stage.cluster(corpus, embeddings)
+    kept = stage.dedup(corpus, embeddings, clustering)  # curate.dedup: near-duplicates removed (None: off)
     tokenized = stage.tokenize(corpus, pretrained)
-    split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering))
+    split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering, kept))
 
     # 2. the components
-    sampler = runner.build_sampler(cfg, split, tokenized)
+    sampler = runner.build_sampler(cfg, split, tokenized, stage.reference(split, tokenized, pretrained))  # DoReMi
     stream = runner.build_token_stream(cfg, sampler, split, tokenized)
     model = runner.build_model(cfg, tokenized, pretrained)
 
@@ -57,9 +59,9 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
         if not fit.is_global_zero:
             return {}
         result = evaluate(cfg, fit.model, tokenized, split, corpus, run_dir)
-        files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, ~corpus.heldout)
+        files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, split.train_docs)
         step = cfg.train.steps
-        record.log_stages(stage.results, stage.cluster_report(), step)
+        record.log_stages(stage.results, stage.cluster_report(), step, stage.curation_report())
         record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(),
                             "time/eval_seconds": result.seconds,
                             "time/total_seconds": time.perf_counter() - t_start}, step)

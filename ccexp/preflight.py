@@ -42,6 +42,10 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
         raise CcexpError(f"data.heldout_fraction={cfg.data.heldout_fraction} must be in (0, 1)")
     if cfg.selection.strategy not in ("random", "closest"):
         raise CcexpError(f"selection.strategy={cfg.selection.strategy!r} is not an option; use random or closest")
+    if cfg.curate.dedup.enabled:
+        from ccexp.clustering.dedup import check_options
+
+        check_options(cfg.curate.dedup.threshold, cfg.curate.dedup.keep)
     for group in _GROUPS_WITH_TARGETS:
         check_buildable(cfg[group], group)
     if cfg.train.on_nonfinite not in ("stop", "skip_batch"):
@@ -193,6 +197,15 @@ def _check_token_budget(cfg: DictConfig) -> None:
         raise CcexpError(f"train.grad_accumulation={node} but it is derived: tokens_per_step / (seq_len x "
                          f"micro_batch_size x world size) = {derived}; set train.tokens_per_step or "
                          "train.micro_batch_size instead")
+    if world > 1 and _doremi_auto(cfg):
+        raise CcexpError("sampler.reference_losses=auto trains the reference model on one device, not under "
+                         f"{world} ranks; pass a file: a single-device run of this config writes it to "
+                         "<paths.cache>/reference/<fingerprint>/reference_losses.npy")
+
+
+def _doremi_auto(cfg: DictConfig) -> bool:
+    s = cfg.sampler
+    return s.name == "dynamic" and s.rule == "doremi" and OmegaConf.select(cfg, "sampler.reference_losses") == "auto"
 
 
 def _check_model(cfg: DictConfig) -> None:
@@ -264,9 +277,11 @@ def _check_components(cfg: DictConfig) -> None:
         raise CcexpError(f"embedder={cfg.embedder.name} embeds with the run's pretrained model but model="
                          f"{cfg.model.name} has none; use model=hf_causal_lm model.pretrained=... (or +recipe=cluster_sft)")
     k = cluster_count(cfg)
+    extra = {"similarity": np.zeros(k, dtype=np.float32)} if "similarity" in _parameters(cfg.sampler._target_) else {}
+    if _doremi_auto(cfg):  # the reference stage computes them
+        extra["reference_losses"] = np.zeros(k)
     sampler = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
-                    seed=cfg.seed, **({"similarity": np.zeros(k, dtype=np.float32)}
-                                      if "similarity" in _parameters(cfg.sampler._target_) else {}))
+                    seed=cfg.seed, **extra)
     sampler.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ccexp.artifacts import StageStore, file_digest, fingerprint
 from ccexp.build import build
@@ -31,7 +31,7 @@ from ccexp.errors import CcexpError
 log = logging.getLogger("ccexp")
 
 # bump a stage's version when its output format or algorithm changes
-VERSIONS = {"corpus": 2, "embed": 2, "cluster": 4, "tokenize": 2, "model": 1}
+VERSIONS = {"corpus": 2, "embed": 2, "cluster": 4, "tokenize": 2, "model": 1, "reference": 1, "dedup": 1}
 _LEVEL_ARRAYS = ("labels", "centroids", "sizes", "similarity", "parent")
 
 
@@ -238,6 +238,43 @@ class Stages:
                            for name in _LEVEL_ARRAYS}) for depth in range(len(result.figures["levels"]))]
         return Clustering(levels, int(result.figures["train_points"]), float(result.figures["objective"]))
 
+    # -- dedup ------------------------------------------------------------------------------------
+    def dedup(self, corpus: Corpus, embeddings: Embeddings, clustering: Clustering) -> np.ndarray | None:
+        """Semantic deduplication of the training documents inside the finest clusters when
+        ``curate.dedup.enabled`` (:func:`ccexp.clustering.dedup.semantic_dedup`): bool[N], False for a
+        removed near-duplicate; None when off. Its report (``report/``): removals per cluster and per
+        label value (CSV) and example pairs (Markdown).
+
+        Raises:
+            CcexpError: for an invalid threshold or ``keep``, or non-finite embeddings.
+        """
+        d = self.cfg.curate.dedup
+        if not d.enabled:
+            return None
+        config = {"threshold": float(d.threshold), "keep": d.keep, "seed": self.cfg.seed, "examples": int(d.examples)}
+        fp = fingerprint("dedup", VERSIONS["dedup"], config, {"cluster": self.results["cluster"].fingerprint})
+
+        def produce(tmp: Path) -> dict:
+            from ccexp.clustering.dedup import semantic_dedup, write_dedup_report
+
+            finest = clustering.level(0)
+            result = semantic_dedup(embeddings.vectors, finest.labels, d.threshold, mask=~corpus.heldout,
+                                    centroid_similarity=finest.similarity, keep=d.keep, seed=self.cfg.seed)
+            np.save(tmp / "kept.npy", result.kept)
+            write_dedup_report(tmp / "report", result, labels=finest.labels, k=finest.k, texts=corpus.texts,
+                               label_values=corpus.labels, train_mask=~corpus.heldout, examples=int(d.examples))
+            searched = int((~corpus.heldout).sum())
+            return {"removed": int(result.removed.size), "searched": searched, "threshold": float(d.threshold),
+                    "removed_fraction": result.removed.size / max(1, searched)}
+
+        result = self._run("dedup", fp, produce, lambda f: f"{f['removed']:,} near-duplicates of {f['searched']:,} "
+                           f"training docs removed ({f['removed_fraction']:.2%}) at cosine > {f['threshold']}")
+        return np.load(result.path / "kept.npy")
+
+    def curation_report(self) -> list[Path]:
+        """The dedup stage's report files ([] when it did not run)."""
+        return sorted((self.results["dedup"].path / "report").glob("*")) if "dedup" in self.results else []
+
     def fingerprints(self) -> dict[str, str]:
         """stage -> fingerprint of the stages run so far."""
         return {name: r.fingerprint for name, r in self.results.items()}
@@ -322,6 +359,94 @@ class Stages:
                                load_tokenizer(result.path / "tokenizer"), int(result.figures["separator_id"]),
                                np.load(p) if (p := result.path / "prompt_tokens.npy").is_file() else None)
 
+    # -- reference (DoReMi) ---------------------------------------------------------------------
+    def reference(self, split: TrainSplit, tokenized: TokenizedCorpus, pretrained: str | None = None) -> np.ndarray | None:
+        """DoReMi's per-cluster reference losses (float64[K], nats/token) when ``sampler.rule=doremi`` and
+        ``sampler.reference_losses=auto``; None otherwise (the sampler reads a given list or file itself).
+
+        The reference model is the run's model trained from the same start for ``sampler.reference_steps``
+        optimizer steps of the same token budget with ``sampler=random`` (the natural mix: DoReMi's
+        reference, Xie et al. 2023, Sec. 2, trained on the default domain weights), on one device; it is
+        then scored on up to ``sampler.reference_documents`` training documents of every cluster (a fixed
+        sample), its loss per cluster being the token-weighted mean. Cached as ``<cache>/reference/<fp>``,
+        so a sweep over DoReMi's settings trains it once. The global random state is restored afterwards,
+        so the run's own model starts the same whether the reference was computed or reused.
+
+        Raises:
+            CcexpError: from training (e.g. a non-finite loss).
+        """
+        s = self.cfg.sampler
+        if s.name != "dynamic" or s.rule != "doremi" or OmegaConf.select(self.cfg, "sampler.reference_losses") != "auto":
+            return None
+        steps = max(1, int(s.reference_steps))
+        t = self.cfg.train
+        key = {"steps": steps, "documents": int(s.reference_documents), "seed": self.cfg.seed, "level": s.level,
+               "model": OmegaConf.to_container(self.cfg.model, resolve=True),
+               "train": {k: t[k] for k in ("tokens_per_step", "seq_len", "lr", "weight_decay", "warmup_steps",
+                                            "max_doc_tokens", "document_mask", "micro_batch_size")},
+               "eval": {k: self.cfg.eval[k] for k in ("max_tokens",)}}
+        fp = fingerprint("reference", VERSIONS["reference"], key,
+                         {name: self.results[name].fingerprint for name in ("corpus", "cluster", "tokenize", "model")
+                          if name in self.results})
+        result = self._run("reference", fp, lambda tmp: _train_reference(self.cfg, steps, split, tokenized,
+                                                                         pretrained, tmp),
+                           lambda f: f"a {f['steps']}-step sampler=random model scored on {f['documents']:,} "
+                           f"training docs: loss {f['loss_min']:.2f}..{f['loss_max']:.2f} nats/token over "
+                           f"{f['clusters']} clusters")
+        return np.load(result.path / "reference_losses.npy")
+
+
+def _train_reference(cfg: DictConfig, steps: int, split: TrainSplit, tokenized: TokenizedCorpus,
+                     pretrained: str | None, tmp: Path) -> dict:
+    """Train and score :meth:`Stages.reference`'s model into ``tmp``; its figures."""
+    import random
+
+    import torch
+
+    from ccexp.config import RandomConfig
+    from ccexp.evaluation.perplexity import document_nll
+    from ccexp.training import runner
+
+    ref = cfg.copy()
+    with open_dict(ref):
+        ref.sampler = OmegaConf.structured(RandomConfig(name="random", level=cfg.sampler.level))
+        ref.train.steps, ref.train.resume_from, ref.train.checkpoint_every_n_steps = steps, None, None
+        ref.train.record_batches, ref.eval.every_n_steps = False, None
+        ref.trainer.devices, ref.trainer.num_nodes, ref.trainer.strategy = 1, 1, "auto"
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        log.info("reference: training the DoReMi reference model, %d steps with sampler=random", steps)
+        sampler = runner.build_sampler(ref, split, tokenized)
+        stream = runner.build_token_stream(ref, sampler, split, tokenized)
+        fit = runner.fit(ref, tmp / "run", None, stream, runner.build_model(ref, tokenized, pretrained), tokenized,
+                         split, {}, signature={})
+        rng = np.random.default_rng([cfg.seed, 0x5245])  # "RE": the same sample for every DoReMi setting
+        docs = rng.permutation(split.train_docs)
+        clusters = split.labels[docs]
+        order = np.argsort(clusters, kind="stable")  # each cluster's first documents of the permutation
+        rank = np.arange(docs.size) - np.searchsorted(clusters[order], clusters[order])
+        sample = np.sort(docs[order][rank < int(cfg.sampler.reference_documents)])
+        tok = tokenized.tokenizer
+        nll, ntok = document_nll(fit.model, tokenized.tokens, tokenized.offsets, sample, eos_id=tokenized.separator_id,
+                                 pad_id=tok.pad_token_id, max_tokens=cfg.eval.max_tokens,
+                                 batch_size=cfg.eval.batch_size, prompt_tokens=tokenized.prompt_tokens,
+                                 device=next(fit.model.parameters()).device)
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+    k = split.num_clusters
+    loss_sum = np.bincount(split.labels[sample], weights=nll, minlength=k)
+    token_sum = np.bincount(split.labels[sample], weights=ntok, minlength=k)
+    scored = token_sum > 0
+    losses = np.full(k, float(loss_sum.sum() / max(token_sum.sum(), 1)))  # clusters without training docs
+    losses[scored] = loss_sum[scored] / token_sum[scored]
+    np.save(tmp / "reference_losses.npy", losses)
+    shutil.rmtree(tmp / "run", ignore_errors=True)  # its checkpoints: the losses are the stage's output
+    return {"steps": steps, "documents": int(sample.size), "tokens": int(token_sum.sum()), "clusters": int(scored.sum()),
+            "loss_min": float(losses[scored].min()), "loss_max": float(losses[scored].max()),
+            "train_seconds": fit.seconds}
+
 
 def train_split(corpus: Corpus, clustering: Clustering, level: int, selected: np.ndarray | None = None) -> TrainSplit:
     """The training and held-out documents at clustering level ``level`` (``selected``: bool[N], the
@@ -337,16 +462,18 @@ def train_split(corpus: Corpus, clustering: Clustering, level: int, selected: np
                       np.bincount(lv.labels[train_docs], minlength=lv.k).astype(np.int64))
 
 
-def select(cfg: DictConfig, corpus: Corpus, clustering: Clustering) -> np.ndarray | None:
-    """The balanced selection step (``selection.target``; :mod:`ccexp.clustering.selection`): bool[N],
-    the training documents kept, or None to keep them all."""
+def select(cfg: DictConfig, corpus: Corpus, clustering: Clustering, kept: np.ndarray | None = None) -> np.ndarray | None:
+    """The balanced selection step (``selection.target``; :mod:`ccexp.clustering.selection`) over the
+    training documents that curation ``kept`` (bool[N]; None: all): bool[N], the training documents
+    kept, or None to keep them all."""
     if cfg.selection.target is None:
-        return None
+        return kept
     from ccexp.clustering.selection import balanced_selection
 
-    selected = balanced_selection(clustering.levels, ~corpus.heldout, cfg.selection.target,
+    pool = ~corpus.heldout if kept is None else ~corpus.heldout & kept
+    selected = balanced_selection(clustering.levels, pool, cfg.selection.target,
                                   strategy=cfg.selection.strategy, seed=cfg.seed)
     log.info("select: %s of %s training documents kept, balanced over the %s clusters of %d level(s)",
-             f"{int(selected.sum()):,}", f"{int((~corpus.heldout).sum()):,}", "/".join(str(lv.k) for lv in
+             f"{int(selected.sum()):,}", f"{int(pool.sum()):,}", "/".join(str(lv.k) for lv in
                                                                                   clustering.levels), len(clustering.levels))
     return selected

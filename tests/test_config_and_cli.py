@@ -64,7 +64,8 @@ def instantiate_option(group: str, option: str, tmp_path):
     if group == "sampler":
         k = 4
         return build(node, group, labels=np.repeat(np.arange(k), 3).astype(np.int32), sizes=np.full(k, 3), block_size=2,
-                     seed=0, **({"similarity": np.linspace(0, 1, 3 * k)} if option == "cluster_dp" else {}))
+                     seed=0, **({"similarity": np.linspace(0, 1, 3 * k)} if option == "cluster_dp" else {}),
+                     **({"reference_losses": np.zeros(k)} if option == "dynamic" else {}))  # the reference stage's
     if group == "model":
         if option == "hf_causal_lm":  # a real local folder, saved the way a user's model would be
             from transformers import GPT2Config, GPT2LMHeadModel
@@ -231,7 +232,12 @@ def test_bad_settings_are_rejected_before_any_work(overrides, message):
     (["sampler.after_clip=bogus"], "after_clip='bogus' is not an option"),
     (["sampler=cluster_dp", "train.tokens_per_step=3840", "train.micro_batch_size=30"],
      "the step's 30 rows (train.tokens_per_step / train.seq_len) must be a multiple of the 32 non-empty clusters"),
-    (["sampler=dynamic", "sampler.rule=doremi"], "needs sampler.reference_losses"),
+    (["sampler=dynamic", "sampler.rule=doremi", "sampler.reference_losses=null"], "needs sampler.reference_losses"),
+    (["sampler=dynamic", "sampler.rule=doremi", "trainer.devices=2", "trainer.strategy=ddp_spawn",
+      "train.micro_batch_size=8"],
+     "sampler.reference_losses=auto trains the reference model on one device, not under 2 ranks"),
+    (["curate.dedup.enabled=true", "curate.dedup.threshold=1.5"], "curate.dedup.threshold=1.5 must be a cosine"),
+    (["curate.dedup.enabled=true", "curate.dedup.keep=oldest"], "curate.dedup.keep='oldest' is not an option"),
 ])
 def test_bad_sampler_options_are_rejected_before_any_work(overrides, message):
     from ccexp.preflight import preflight

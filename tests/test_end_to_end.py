@@ -66,7 +66,11 @@ def test_each_run_has_lm_eval_metrics_and_a_balance_report(sweep):
         assert {"eval/ppl_rare", "eval/ppl_common"} <= set(m)
         arts = {a.path for a in client.list_artifacts(r.info.run_id, "balance")}
         assert {"balance/mix.png", "balance/mix_over_time.png", "balance/repetition.png", "balance/ppl_vs_size.png",
-                "balance/balance.md"} <= arts
+                "balance/balance.md", "balance/label_domain.png"} <= arts
+    md = (next(out.glob("multirun/*/0-*/balance/balance.md"))).read_text()
+    rows = md.split("## Per domain")[1].strip().splitlines()[2:]
+    assert len(rows) == 9  # every domain of the corpus, with its token shares and held-out perplexity
+    assert abs(sum(float(r.split("|")[4]) for r in rows) - 1.0) < 1e-3  # trained-token shares add up
 
 
 def test_every_sampler_trains_on_exactly_the_token_budget_with_a_held_out_curve(sweep):
@@ -227,3 +231,40 @@ def test_a_redirected_log_shows_progress_at_the_configured_interval(tmp_path, sm
         assert steps == [2, 4, 6]
         shards = _re.findall(r"embed: shard (\d+)/(\d+), [\d,]+ of [\d,]+ documents, \d+ docs/s, ETA", text)
         assert len(shards) >= 3 and shards[-1][0] == shards[-1][1]
+
+
+@pytest.mark.slow
+def test_doremi_reference_and_semantic_dedup_through_the_cli(tmp_path, small_corpus):
+    """sampler=dynamic sampler.rule=doremi trains its reference model once (a cached stage; the run's
+    own numbers are the same whether it was computed or reused) and curate.dedup removes planted copies
+    before the sampler sees them, with its report in MLflow."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    records = [json.loads(line) for line in gzip.open(small_corpus, "rt")]
+    copies = [dict(r, id=f"copy-{r['id']}") for r in records[::30]]
+    corpus = tmp_path / "with_copies.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records + copies))
+    args = [*TINY, f"data.path={corpus}", f"paths.outputs={tmp_path / 'out'}", "sampler=dynamic", "sampler.rule=doremi",
+            "sampler.warmup_steps=1", "curate.dedup.enabled=true"]
+    first = run_ccexp(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_ccexp(*args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "reference: a 1-step sampler=random model" in first.stdout + first.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out'}/mlflow.db")
+    exp = client.get_experiment_by_name("ccexp")
+    one, two = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    assert one.data.metrics["cache/reference_reused"] == 0.0 and two.data.metrics["cache/reference_reused"] == 1.0
+    assert one.data.metrics["eval/ppl"] == two.data.metrics["eval/ppl"]
+    losses = np.load(next((tmp_path / "out" / "cache" / "reference").glob("*/reference_losses.npy")))
+    assert losses.shape == (4,) and np.isfinite(losses).all()
+    from ccexp.data.corpus import split_heldout
+
+    held = split_heldout([r["id"] for r in records + copies], 0.2)
+    both_train = sum(1 for i in range(len(copies)) if not held[30 * i] and not held[len(records) + i])
+    assert both_train >= 3 and one.data.metrics["dedup/removed"] >= both_train  # one of each planted pair goes
+    arts = {a.path for a in client.list_artifacts(one.info.run_id, "dedup")}
+    assert {"dedup/dedup_clusters.csv", "dedup/dedup_domain.csv", "dedup/dedup_examples.md"} <= arts

@@ -176,14 +176,62 @@ def write_label_table(path: Path, *, label: str, names: list[str], train_docs: n
     return path
 
 
+def write_label_report(out_dir: Path, *, name: str, label: str, names: list[str], train_docs: np.ndarray,
+                       corpus_tokens: np.ndarray, tokens: np.ndarray, metrics: dict[str, float]) -> list[Path]:
+    """Exposure and held-out perplexity per value of ``label`` (e.g. ``domain``): ``label_<label>.png``
+    (left: each value's share of the training split's tokens beside its share of the tokens trained
+    on; right: its held-out perplexity, "no held-out documents" where there are none) and a section
+    appended to ``balance.md``. Returns the paths written.
+
+    Args:
+        names: the label's values (V); train_docs: int64[V] training documents; corpus_tokens: float[V]
+        their tokens; tokens: int64[V] tokens trained on; metrics: the run's evaluation metrics
+        (``ppl_<label>/<value>``).
+    """
+    from ccexp.names import safe_names
+
+    plt = _plt()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    safe = safe_names(names)
+    corpus_share = corpus_tokens / max(1.0, float(corpus_tokens.sum()))
+    token_share = tokens / max(1, int(tokens.sum()))
+    ppl = np.array([metrics.get(f"ppl_{label}/{safe[v]}", np.nan) for v in names], dtype=float)
+    order = np.argsort(-corpus_share, kind="stable")
+    y = np.arange(len(names))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * len(names)), sharey=True)
+    a1.barh(y - 0.2, corpus_share[order], height=0.4, label="training split (corpus)")
+    a1.barh(y + 0.2, token_share[order], height=0.4, label="tokens trained on (this run)")
+    a1.set(yticks=y, yticklabels=[names[i] for i in order], xlabel="share of tokens (fraction of the total)",
+           title=f"{label}: corpus vs trained mix, in tokens")
+    a1.invert_yaxis()
+    a1.legend(fontsize=8)
+    finite = np.isfinite(ppl[order])
+    a2.barh(y[finite], ppl[order][finite], color="C2")
+    for row in y[~finite]:
+        a2.text(0, row, " no held-out documents", va="center", fontsize=8, color="gray")
+    a2.set(xlabel="held-out perplexity (value's documents)", title=f"{label}: held-out perplexity")
+    fig.suptitle(name)
+    png = _save(fig, out_dir / f"label_{label}.png")
+    lines = ["", f"## Per {label}", "", f"| {label} | training docs | share of training tokens | share of tokens "
+             "trained | held-out ppl |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {names[i]} | {int(train_docs[i]):,} | {corpus_share[i]:.4f} | {token_share[i]:.4f} | "
+              + (f"{ppl[i]:.2f} |" if np.isfinite(ppl[i]) else "no held-out documents |") for i in order]
+    md = out_dir / "balance.md"
+    with open(md, "a") as f:
+        f.write("\n".join(lines) + "\n")
+    return [png]
+
+
 def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, result,
                     labels: dict[str, list[str]] | None = None,
-                    train_mask: np.ndarray | None = None) -> list[tuple[Path, str | None]]:
+                    train_docs: np.ndarray | None = None) -> list[tuple[Path, str | None]]:
     """The run's files: ``resolved_config.yaml``, ``tables/clusters.csv``, ``tables/label_<label>.csv`` (tokens
-    trained and held-out perplexity per value of the corpus's first label; ``train_mask``: bool[N], the
-    training documents), ``labels/<label>.json`` (each
+    trained and held-out perplexity per value of the corpus's first label; ``train_docs``: int64[n], the
+    training documents, in the token stream's order), ``labels/<label>.json`` (each
     label value and the name its metrics carry, :func:`ccexp.names.safe_names`) and (``eval.balance_report``)
-    the balance report under ``balance/``. Returns (path, MLflow artifact folder) pairs.
+    the balance report under ``balance/`` (with the per-label plot and table, :func:`write_label_report`).
+    Returns (path, MLflow artifact folder) pairs.
 
     Args:
         fit: the :class:`~ccexp.training.runner.FitResult`; result: the
@@ -199,11 +247,14 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                 average_weights=sampler.average_weights() if hasattr(sampler, "average_weights")
                                 else None)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
+    label_counts = None
     if fit.group_field is not None and module.num_groups:
-        ids = fit.group_ids if train_mask is None else fit.group_ids[train_mask]
-        counts = np.bincount(ids, minlength=len(fit.group_names)).astype(np.int64)
+        ids = fit.group_ids if train_docs is None else fit.group_ids[train_docs]
+        label_counts = np.bincount(ids, minlength=len(fit.group_names)).astype(np.int64)
+        corpus_tokens = (np.bincount(ids, weights=fit.stream.stream_len, minlength=len(fit.group_names))
+                         if train_docs is not None else None)
         files.append((write_label_table(run_dir / "tables" / f"label_{fit.group_field}.csv", label=fit.group_field,
-                                        names=fit.group_names, train_docs=counts,
+                                        names=fit.group_names, train_docs=label_counts,
                                         loss_sum=module.group_loss_sum.cpu().numpy(),
                                         tokens=module.group_tokens.cpu().numpy(), metrics=result.metrics), "tables"))
     for label, values in (labels or {}).items():
@@ -225,4 +276,10 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                           repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
                           heldout_docs=result.per_cluster["documents"], metrics=result.metrics)
         files += [(p, "balance") for p in report or []]
+        if report and corpus_tokens is not None:
+            extra = isolated("balance_report", result.errors, run_dir, write_label_report, run_dir / "balance",
+                             name=name, label=fit.group_field, names=fit.group_names, train_docs=label_counts,
+                             corpus_tokens=corpus_tokens, tokens=module.group_tokens.cpu().numpy(),
+                             metrics=result.metrics)
+            files += [(p, "balance") for p in extra or []]
     return files

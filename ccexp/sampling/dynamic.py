@@ -20,8 +20,16 @@ Rules (``K`` = non-empty clusters, ``t`` = optimizer steps since the warm-up end
   after ``K ln K`` steps (111 at K=32). A cluster's ``R`` starts at its first observation; clusters
   never observed take the mean ``R``.
 * ``doremi`` — DoReMi's excess-loss update, Xie et al., arXiv 2305.10429, Alg. 1, with a
-  reference model's per-cluster loss ``L_ref`` (``reference_losses``):
-  ``log w ← log w + η · max(L_c − L_ref,c, 0)``, ``π = (1-ε) softmax(log w) + ε/K``.
+  reference model's per-cluster loss ``L_ref`` (``reference_losses``; by default the ``reference``
+  stage's, a short ``sampler=random`` run on the same data, :meth:`ccexp.stages.Stages.reference`):
+  ``log w ← log w + η_t · max(L_c − L_ref,c, 0)``, ``π = (1-ε) softmax(log w) + ε/K``, with DoReMi's
+  ``η = 1``, ``ε = 1e-3`` taken per token of evidence: ``η_t = η · (n_t / K) / eta_tokens``, ``n_t`` the
+  update's tokens, ``eta_tokens`` = 2^19 / 22 = 23,831 the tokens per domain of one DoReMi step (a
+  batch of 512 x 1,024 tokens over the Pile's 22 domains, Sec. 3). Taken per update instead (as in
+  the paper, ``eta_tokens=null``), a run of 2,048-token steps over K = 32 clusters has ~64 tokens
+  per cluster mean: η = 1 then follows the noise and put 57 % of the average weight on one cluster
+  within 200 steps (measured; collapse), where the per-token rate moves the weights by the
+  evidence the paper's own steps carry.
 
 Invariants (tested): ``π`` stays on the simplex with ``π_c ≥ ε_t``; equal losses keep ``π``
 uniform; a cluster with persistently higher loss gains probability; no update during warm-up.
@@ -48,10 +56,14 @@ def load_reference_losses(source: str | Sequence[float] | None, num_clusters: in
     """float64[K] reference per-cluster losses from a list, a ``.npy`` file or a JSON list file.
 
     Raises:
-        CcexpError: if the file is missing or the length is not K.
+        CcexpError: if the file is missing, the length is not K, or ``source`` is ``"auto"`` (which only
+            a training run resolves, through its ``reference`` stage).
     """
     if source is None:
         return None
+    if isinstance(source, str) and source == "auto":
+        raise CcexpError("sampler.reference_losses=auto is computed by a training run's reference stage "
+                         "(python -m ccexp); here give a list, or the reference_losses.npy that stage wrote")
     if isinstance(source, (str, Path)):
         path = Path(source).expanduser()
         if not path.is_file():
@@ -79,7 +91,10 @@ class DynamicSampler(UniformSampler):
         beta: ODM smoothing of the reward, in [0, 1).
         eta: DoReMi step size, > 0.
         epsilon: DoReMi smoothing towards uniform, in [0, 1].
-        reference_losses: DoReMi's per-cluster reference loss (list, .npy or .json), nats/token.
+        eta_tokens: tokens per cluster per update at which ``eta`` applies as given (None: per update).
+        reference_losses: DoReMi's per-cluster reference loss (float[K], a list, a .npy or a .json file),
+            nats/token; ``"auto"`` is the config's default, which the run's ``reference`` stage replaces
+            by an array (given to the constructor itself, it is refused: there is no reference run here).
         clip_threshold, on_exhausted: ClusterClip's repetition clip (:class:`~ccexp.sampling.clip.RepetitionClip`;
             None = no clip).
 
@@ -92,7 +107,8 @@ class DynamicSampler(UniformSampler):
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  document_tokens: np.ndarray | None = None, token_budget: int | None = None, rule: str = "odm",
                  update_every: int = 1, warmup_steps: int = 50, beta: float = 0.9, eta: float = 1.0,
-                 epsilon: float = 1e-3, reference_losses: str | Sequence[float] | None = None,
+                 epsilon: float = 1e-3, eta_tokens: float | None = 524288 / 22,
+                 reference_losses: str | Sequence[float] | None = "auto",
                  clip_threshold: int | None = None, on_exhausted: str = "error"):
         clip = None if clip_threshold is None else RepetitionClip(sizes, clip_threshold, on_exhausted)
         super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
@@ -101,15 +117,16 @@ class DynamicSampler(UniformSampler):
             raise CcexpError(f"sampler.rule={rule!r} is not an option; use 'odm' or 'doremi'")
         if int(update_every) < 1 or int(warmup_steps) < 0:
             raise CcexpError("sampler.update_every must be >= 1 and sampler.warmup_steps >= 0")
-        if not 0.0 <= beta < 1.0 or eta <= 0 or not 0.0 <= epsilon <= 1.0:
-            raise CcexpError(f"need 0 <= sampler.beta < 1, sampler.eta > 0, 0 <= sampler.epsilon <= 1; got "
-                             f"beta={beta}, eta={eta}, epsilon={epsilon}")
-        self.reference_losses = load_reference_losses(reference_losses, self.num_clusters)
+        if not 0.0 <= beta < 1.0 or eta <= 0 or not 0.0 <= epsilon <= 1.0 or (eta_tokens is not None and eta_tokens <= 0):
+            raise CcexpError(f"need 0 <= sampler.beta < 1, sampler.eta > 0, 0 <= sampler.epsilon <= 1, sampler.eta_tokens "
+                             f"> 0 or null; got beta={beta}, eta={eta}, epsilon={epsilon}, eta_tokens={eta_tokens}")
+        self.reference_losses = load_reference_losses(reference_losses, self.num_clusters) if rule == "doremi" else None
         if rule == "doremi" and self.reference_losses is None:
             raise CcexpError("sampler.rule=doremi needs sampler.reference_losses (a reference model's per-cluster "
                              "loss); use rule=odm without one")
         self.rule, self.update_every, self.warmup_steps = rule, int(update_every), int(warmup_steps)
         self.beta, self.eta, self.epsilon = float(beta), float(eta), float(epsilon)
+        self.eta_tokens = None if eta_tokens is None else float(eta_tokens)
         self._present = self.sizes > 0
         self._k = int(self._present.sum())
         self._pi = np.where(self._present, 1.0 / self._k, 0.0)
@@ -136,7 +153,7 @@ class DynamicSampler(UniformSampler):
             seen = self._window_tokens > 0
             mean_loss = np.zeros(self.num_clusters)
             mean_loss[seen] = self._window_loss[seen] / self._window_tokens[seen]
-            self._update(mean_loss, seen)
+            self._update(mean_loss, seen, int(self._window_tokens.sum()))
         self._window_loss[:] = 0.0
         self._window_tokens[:] = 0
 
@@ -153,7 +170,11 @@ class DynamicSampler(UniformSampler):
         k = self._k
         return 1.0 / k if t == 0 or k == 1 else min(1.0 / k, float(np.sqrt(np.log(k) / (k * t))))
 
-    def _update(self, mean_loss: np.ndarray, seen: np.ndarray) -> None:
+    def step_size(self, tokens: int) -> float:
+        """DoReMi's ``η_t`` for an update over ``tokens`` tokens (see the module docstring)."""
+        return self.eta if self.eta_tokens is None else self.eta * tokens / self._k / self.eta_tokens
+
+    def _update(self, mean_loss: np.ndarray, seen: np.ndarray, tokens: int) -> None:
         self._updates += 1
         if self.rule == "odm":
             gain = np.exp(np.minimum(mean_loss[seen], 700.0))
@@ -167,7 +188,7 @@ class DynamicSampler(UniformSampler):
             w = (1 - self._k * eps) * reward / reward.sum() + eps
         else:
             excess = np.where(seen, np.maximum(mean_loss - self.reference_losses, 0.0), 0.0)
-            self._log_w = self._log_w + self.eta * excess
+            self._log_w = self._log_w + self.step_size(tokens) * excess
             z = np.where(self._present, self._log_w, -np.inf)
             soft = np.exp(z - z.max())
             w = (1 - self.epsilon) * soft / soft.sum() + self.epsilon / self._k

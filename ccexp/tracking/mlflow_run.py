@@ -203,9 +203,11 @@ class RunRecord:
             for path in paths:
                 self.client.log_artifact(self.logger.run_id, str(path), artifact_dir)
 
-    def log_stages(self, results: dict, cluster_report: tuple[dict[str, float], list[Path]], step: int) -> None:
+    def log_stages(self, results: dict, cluster_report: tuple[dict[str, float], list[Path]], step: int,
+                   curation_report: list[Path] | None = None) -> None:
         """The cached stages' times (``time/<stage>_seconds``), reuse (``cache/<stage>_reused``) and
-        fingerprints (a tag), and the cluster report (``cluster/*`` metrics, ``clusters/`` files)."""
+        fingerprints (a tag), the cluster report (``cluster/*`` metrics, ``clusters/`` files) and the
+        dedup stage's (``dedup/removed``, ``dedup/removed_fraction``, ``dedup/`` files)."""
         if self.logger is None:
             return
         metrics = {f"time/{name}_seconds": r.seconds for name, r in results.items()}
@@ -216,8 +218,11 @@ class RunRecord:
             metrics["embed/long_documents"] = float(embed["long_documents"])
             metrics["embed/truncated_documents"] = float(embed["long_documents"]) if \
                 embed.get("long_documents_mode") == "truncate" else 0.0
+        if "dedup" in results:
+            metrics.update({f"dedup/{k}": float(results["dedup"].figures[k]) for k in ("removed", "removed_fraction")})
         self.log_metrics(metrics, step)
         self.log_artifacts(cluster_report[1], "clusters")
+        self.log_artifacts(curation_report or [], "dedup")
         self.client.set_tag(self.logger.run_id, "fingerprints",
                             ",".join(f"{name}={r.fingerprint}" for name, r in results.items()))
 

@@ -32,21 +32,25 @@ from ccexp.training.module import CausalLMModule
 log = logging.getLogger("ccexp")
 
 
-def build_sampler(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus) -> Sampler:
-    """The configured policy over the training documents (:func:`sampler_over`)."""
+def build_sampler(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus,
+                  reference_losses: np.ndarray | None = None) -> Sampler:
+    """The configured policy over the training documents (:func:`sampler_over`); ``reference_losses``
+    (float64[K], the ``reference`` stage's) replaces DoReMi's ``sampler.reference_losses=auto``."""
+    options = {} if reference_losses is None else {"reference_losses": reference_losses}
     return sampler_over(cfg, split.labels[split.train_docs], split.sizes, tokenized.lengths(split.train_docs),
-                        split.similarity[split.train_docs])
+                        split.similarity[split.train_docs], **options)
 
 
 def sampler_over(cfg: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
-                 similarity: np.ndarray | None = None) -> Sampler:
+                 similarity: np.ndarray | None = None, **options) -> Sampler:
     """The configured policy over documents with cluster ``labels`` (int[N]) of ``sizes`` (int64[K]) and
     ``lengths`` tokens (int64[N]), with blocks of about one step's documents and the run's token budget
     (so a clipping policy can refuse a budget it cannot supply); ``similarity`` (float[N], cosine to
-    the centroid) for policies that use it (zeros when not given: no document is nearer than another)."""
+    the centroid) for policies that use it (zeros when not given: no document is nearer than another);
+    ``options`` replace the config's values of the same names."""
     stream_len = stream_lengths(lengths, cfg.train.max_doc_tokens)
     block = int(np.clip(np.ceil(cfg.train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
-    extra = {}
+    extra = dict(options)
     if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
         extra["similarity"] = np.zeros(labels.size, np.float32) if similarity is None else similarity
     sampler = build(cfg.sampler, "sampler", labels=labels, sizes=sizes, block_size=block, seed=cfg.seed,
