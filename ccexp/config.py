@@ -87,7 +87,8 @@ def _grad_accumulation_resolver(tokens_per_step, seq_len, micro_batch_size, devi
 
 
 OmegaConf.register_new_resolver("ccexp.grad_accumulation", _grad_accumulation_resolver, replace=True)
-OmegaConf.register_new_resolver("ccexp.percent", lambda total, pct: int(int(total) * float(pct) / 100), replace=True)
+OmegaConf.register_new_resolver("ccexp.percent", lambda total, pct, floor=0: max(int(floor), int(int(total) * float(pct) / 100)),
+                                replace=True)  # ${ccexp.percent:TOTAL,PCT[,FLOOR]}
 OmegaConf.register_new_resolver(  # GPUs a launcher asks for per node: the devices on a GPU trainer, else 0
     "ccexp.gpus_per_node", lambda devices, accelerator: world_size(devices, 1, str(accelerator))
     if str(accelerator) in ("gpu", "cuda") else 0, replace=True)
@@ -313,7 +314,7 @@ class DynamicConfig(SamplerConfig):
     # DoReMi's per-cluster reference loss: "auto" (a reference run of reference_steps with sampler=random on the
     # same data, cached as the `reference` stage), or a list / .npy / .json file with one loss per cluster
     reference_losses: Optional[Any] = "auto"
-    reference_steps: int = "${ccexp.percent:${train.steps},20}"  # type: ignore[assignment]  # 20 % of the run
+    reference_steps: int = ge(1, "${ccexp.percent:${train.steps},20,1}")  # 20 % of the run, at least 1 step
     reference_documents: int = ge(1, 32)  # training documents per cluster the reference model is scored on
     clip_threshold: Optional[int] = None
     on_exhausted: str = "error"

@@ -28,3 +28,19 @@ def safe_names(values: Iterable[str], *, allowed: str = r"A-Za-z0-9_.\-", lower:
     counts = Counter(cleaned.values())
     return {v: c if counts[c] == 1 else f"{c}_{hashlib.sha256(v.encode()).hexdigest()[:6]}"
             for v, c in cleaned.items()}
+
+
+def plot_text(value: object, width: int = 40) -> str:
+    """``value`` as literal text for a matplotlib label: whitespace and control characters become
+    single spaces, ``$`` is escaped (matplotlib would read ``$...$`` as mathtext: ``$x^2$`` drawn as x²,
+    an unbalanced ``$`` raising), and more than ``width`` characters are cut with ``…``."""
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in str(value)).split())
+    if len(text) > width:
+        text = text[:width - 1] + "…"
+    return text.replace("$", r"\$") or "(empty)"
+
+
+def markdown_cell(value: object, width: int = 160) -> str:
+    """``value`` as one Markdown table cell: on one line, ``|`` escaped, cut at ``width`` characters."""
+    text = " ".join(str(value).split())
+    return (text[:width] + ("…" if len(text) > width else "")).replace("|", "\\|")

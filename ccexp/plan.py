@@ -285,9 +285,11 @@ def stream_plan(cfg):
         stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
         corpus = stage.corpus()
         pretrained = stage.model()
-        clustering = stage.cluster(corpus, stage.embed(corpus, pretrained))
+        embeddings = stage.embed(corpus, pretrained)
+        clustering = stage.cluster(corpus, embeddings)
+        kept = stage.dedup(corpus, embeddings, clustering)  # the same curation as a training run
         tokenized = stage.tokenize(corpus, pretrained)
-        split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering))
+        split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering, kept))
         sampler = runner.build_sampler(cfg, split, tokenized)
         lengths = tokenized.lengths(split.train_docs)
     plan = simulate(sampler, lengths, steps=cfg.train.steps, tokens_per_step=cfg.train.tokens_per_step,
@@ -355,14 +357,16 @@ def plot_plans(plans: list, path):
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from ccexp.names import plot_text
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, _, p in plans:
         nz = p.sizes > 0
         corpus = p.sizes[nz] / p.sizes[nz].sum()
         share = p.tokens[nz] / max(1, p.tokens.sum())
         order = np.argsort(corpus)
-        a.plot(corpus[order], np.maximum(share[order], 1e-12), ".", ms=3, label=label)
-        b.plot(p.history["step"], p.history["kl_to_corpus"], label=label)
+        a.plot(corpus[order], np.maximum(share[order], 1e-12), ".", ms=3, label=plot_text(label, 60))
+        b.plot(p.history["step"], p.history["kl_to_corpus"], label=plot_text(label, 60))
     lo = min(float((p.sizes[p.sizes > 0] / p.sizes.sum()).min()) for _, _, p in plans)
     a.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="= corpus mix (random)")
     a.set(xscale="log", yscale="log", xlabel="cluster's share of the training documents",

@@ -26,7 +26,7 @@ from ccexp.clustering.kmeans import Clustering, Level
 from ccexp.data.corpus import BUILTIN_PATH, Corpus, split_heldout
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
-from ccexp.errors import CcexpError
+from ccexp.errors import CcexpError, Interrupted
 
 log = logging.getLogger("ccexp")
 
@@ -264,11 +264,19 @@ class Stages:
             write_dedup_report(tmp / "report", result, labels=finest.labels, k=finest.k, texts=corpus.texts,
                                label_values=corpus.labels, train_mask=~corpus.heldout, examples=int(d.examples))
             searched = int((~corpus.heldout).sum())
+            train = ~corpus.heldout  # a cluster keeps its first document; a label value can lose all of its
+            emptied = {name: sorted({v for v, t in zip(values, train & result.kept) if t} ^
+                                     {v for v, t in zip(values, train) if t}) for name, values in corpus.labels.items()}
             return {"removed": int(result.removed.size), "searched": searched, "threshold": float(d.threshold),
-                    "removed_fraction": result.removed.size / max(1, searched)}
+                    "removed_fraction": result.removed.size / max(1, searched),
+                    "emptied_label_values": {f: [str(v) for v in vs] for f, vs in emptied.items() if vs}}
 
         result = self._run("dedup", fp, produce, lambda f: f"{f['removed']:,} near-duplicates of {f['searched']:,} "
-                           f"training docs removed ({f['removed_fraction']:.2%}) at cosine > {f['threshold']}")
+                           f"training docs removed ({f['removed_fraction']:.2%}) at cosine >= {f['threshold']}")
+        f = result.figures
+        for name, values in f.get("emptied_label_values", {}).items():
+            log.warning("dedup: every training document of %s = %s was a near-duplicate of an earlier document of its "
+                        "cluster and was removed; raise curate.dedup.threshold to keep them", name, values)
         return np.load(result.path / "kept.npy")
 
     def curation_report(self) -> list[Path]:
@@ -378,16 +386,21 @@ class Stages:
         s = self.cfg.sampler
         if s.name != "dynamic" or s.rule != "doremi" or OmegaConf.select(self.cfg, "sampler.reference_losses") != "auto":
             return None
-        steps = max(1, int(s.reference_steps))
+        steps = int(s.reference_steps)
         t = self.cfg.train
+        trainer = {k: v for k, v in OmegaConf.to_container(self.cfg.trainer, resolve=True).items()
+                   if k not in ("devices", "num_nodes", "strategy", "enable_progress_bar", "threads", "fsdp", "name")}
         key = {"steps": steps, "documents": int(s.reference_documents), "seed": self.cfg.seed, "level": s.level,
-               "model": OmegaConf.to_container(self.cfg.model, resolve=True),
+               "model": OmegaConf.to_container(self.cfg.model, resolve=True), "trainer": trainer,
                "train": {k: t[k] for k in ("tokens_per_step", "seq_len", "lr", "weight_decay", "warmup_steps",
-                                            "max_doc_tokens", "document_mask", "micro_batch_size")},
+                                            "max_doc_tokens", "document_mask", "micro_batch_size", "on_nonfinite")},
                "eval": {k: self.cfg.eval[k] for k in ("max_tokens",)}}
+        # the documents it trains on and their clusters (after dedup and selection), not only the stages' keys
+        split_digest = hashlib.sha256(np.ascontiguousarray(split.train_docs, dtype=np.int64).tobytes()
+                                      + np.ascontiguousarray(split.labels[split.train_docs], dtype=np.int64).tobytes())
         fp = fingerprint("reference", VERSIONS["reference"], key,
-                         {name: self.results[name].fingerprint for name in ("corpus", "cluster", "tokenize", "model")
-                          if name in self.results})
+                         {**{name: self.results[name].fingerprint for name in ("corpus", "cluster", "tokenize", "model")
+                             if name in self.results}, "train_split": split_digest.hexdigest()})
         result = self._run("reference", fp, lambda tmp: _train_reference(self.cfg, steps, split, tokenized,
                                                                          pretrained, tmp),
                            lambda f: f"a {f['steps']}-step sampler=random model scored on {f['documents']:,} "
@@ -418,8 +431,12 @@ def _train_reference(cfg: DictConfig, steps: int, split: TrainSplit, tokenized: 
         log.info("reference: training the DoReMi reference model, %d steps with sampler=random", steps)
         sampler = runner.build_sampler(ref, split, tokenized)
         stream = runner.build_token_stream(ref, sampler, split, tokenized)
-        fit = runner.fit(ref, tmp / "run", None, stream, runner.build_model(ref, tokenized, pretrained), tokenized,
-                         split, {}, signature={})
+        try:
+            fit = runner.fit(ref, tmp / "run", None, stream, runner.build_model(ref, tokenized, pretrained), tokenized,
+                             split, {}, signature={})
+        except Interrupted as e:  # its checkpoint lives in the discarded stage folder: nothing to resume from
+            raise Interrupted(e.signum, f"stopped by {e.name} while training DoReMi's reference model (the reference "
+                              "stage is not kept; the next run trains it again)") from None
         rng = np.random.default_rng([cfg.seed, 0x5245])  # "RE": the same sample for every DoReMi setting
         docs = rng.permutation(split.train_docs)
         clusters = split.labels[docs]
@@ -471,6 +488,9 @@ def select(cfg: DictConfig, corpus: Corpus, clustering: Clustering, kept: np.nda
     from ccexp.clustering.selection import balanced_selection
 
     pool = ~corpus.heldout if kept is None else ~corpus.heldout & kept
+    if cfg.selection.target >= int(pool.sum()):
+        log.warning("select: selection.target=%d but only %s training documents are left%s; all are kept",
+                    cfg.selection.target, f"{int(pool.sum()):,}", " after dedup" if kept is not None else "")
     selected = balanced_selection(clustering.levels, pool, cfg.selection.target,
                                   strategy=cfg.selection.strategy, seed=cfg.seed)
     log.info("select: %s of %s training documents kept, balanced over the %s clusters of %d level(s)",

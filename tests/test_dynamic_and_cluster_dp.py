@@ -1,6 +1,8 @@
 """Property tests of the dynamic (ODM / DoReMi) and cluster_dp (CluSTER) invariants in SAMPLING.md."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -76,7 +78,7 @@ def test_doremi_rule_follows_excess_loss_and_is_smoothed():
     scaled = DynamicSampler(labels, sizes, block_size=8, rule="doremi", reference_losses=ref)
     assert scaled.step_size(4 * 524288 // 22) == pytest.approx(1.0)  # DoReMi's η at a DoReMi step's tokens per cluster
     assert scaled.step_size(2048) == pytest.approx(2048 / 4 / (524288 / 22))
-    with pytest.raises(CcexpError, match="4 finite values"):
+    with pytest.raises(CcexpError, match="must hold 4 values"):
         DynamicSampler(labels, sizes, block_size=8, rule="doremi", reference_losses=[1.0, 2.0])
 
 
@@ -205,3 +207,33 @@ def test_doremi_does_not_collapse_at_the_defaults_and_still_follows_a_real_exces
     assert literal.max() > 0.25  # the collapse the defaults avoid (measured in a real run: 57 % on one cluster)
     harder = _doremi_run(harder=7)
     assert harder.average_weights().argmax() == 7 and harder.weights()[7] * k > 3
+
+
+@pytest.mark.parametrize("content,suffix,message", [
+    ("{not json", ".json", "cannot be read as 4 numbers (JSONDecodeError"),
+    ('{"a": 1}', ".json", "cannot be read as 4 numbers"),
+    ("plain text", ".npy", "cannot be read as 4 numbers"),
+    (None, "dir", "is a folder"),
+    ([1.0, 2.0, 3.0, float("nan")], None, "cluster 3's loss is nan"),
+    ([1.0, -2.0, 3.0, 4.0], None, "cluster 1's loss is -2.0"),
+    (["a", "b", "c", "d"], None, "cannot be read as 4 numbers (ValueError"),
+    (5, None, "cannot be read as 4 numbers"),
+])
+def test_malformed_reference_losses_are_one_line(tmp_path, content, suffix, message):
+    from ccexp.sampling.dynamic import load_reference_losses
+
+    source = content
+    if suffix == "dir":
+        source = str(tmp_path)
+    elif suffix is not None:
+        (tmp_path / f"ref{suffix}").write_text(content)
+        source = str(tmp_path / f"ref{suffix}")
+    with pytest.raises(CcexpError, match=re.escape(message)):
+        load_reference_losses(source, 4)
+
+
+@pytest.mark.parametrize("setting", ["eta", "eta_tokens"])
+def test_a_nan_step_size_is_refused(setting):
+    labels, sizes = make([4, 4])
+    with pytest.raises(CcexpError, match="need 0 <= sampler.beta < 1"):
+        DynamicSampler(labels, sizes, block_size=2, rule="doremi", reference_losses=[1.0, 1.0], **{setting: float("nan")})

@@ -268,3 +268,7 @@ def test_doremi_reference_and_semantic_dedup_through_the_cli(tmp_path, small_cor
     assert both_train >= 3 and one.data.metrics["dedup/removed"] >= both_train  # one of each planted pair goes
     arts = {a.path for a in client.list_artifacts(one.info.run_id, "dedup")}
     assert {"dedup/dedup_clusters.csv", "dedup/dedup_domain.csv", "dedup/dedup_examples.md"} <= arts
+    # without dedup the training split differs, so the reference is trained anew on it, not reused
+    third = run_ccexp(*args[:-1], cwd=tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert len(list((tmp_path / "out" / "cache" / "reference").glob("*/reference_losses.npy"))) == 2

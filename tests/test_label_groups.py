@@ -37,3 +37,24 @@ def test_preflight_wants_the_field_among_the_corpus_labels():
     with pytest.raises(CcexpError, match=r"clusterer.label_field='lang' is not among data.label_fields \['domain'\]"):
         preflight(compose_cfg(["clusterer=labels", "clusterer.label_field=lang"]))
     preflight(compose_cfg(["clusterer=labels", "sampler=uniform"]))  # domain is a label of the builtin corpus
+
+
+def test_the_per_label_report_draws_any_value_as_literal_text(tmp_path):
+    """Label values are data: mathtext dollars (an unbalanced one made matplotlib raise), pipes and
+    newlines (they broke the Markdown table), very long and empty values."""
+    import numpy as np
+
+    from ccexp.evaluation.balance import write_label_report
+    from ccexp.names import plot_text, safe_names
+
+    names = ["price $a^$ x", "$x^2$", "a|b", "two\nlines", "v" * 300, ""]
+    safe = safe_names(names)
+    metrics = {f"ppl_domain/{safe[v]}": 100.0 + i for i, v in enumerate(names[:-1])}  # the last: no held-out docs
+    paths = write_label_report(tmp_path, name="run", label="domain", names=names, train_docs=np.arange(1, 7),
+                               corpus_tokens=np.arange(1, 7) * 10.0, tokens=np.arange(6, 0, -1), metrics=metrics)
+    assert paths == [tmp_path / "label_domain.png"] and paths[0].stat().st_size > 10_000
+    rows = (tmp_path / "balance.md").read_text().split("## Per domain")[1].strip().splitlines()[2:]
+    assert len(rows) == 6 and all(r.count(" | ") == 4 for r in rows)  # one row each, five cells
+    assert any("a\\|b" in r for r in rows) and any("two lines" in r for r in rows)
+    assert rows[0].endswith("no held-out documents |")  # the largest value (the empty one) has none
+    assert plot_text("price $a^$ x") == r"price \$a^\$ x" and len(plot_text("v" * 300)) == 40

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import sys
 
 import numpy as np
@@ -15,7 +16,7 @@ def test_the_plan_counts_exactly_what_a_training_run_trained(tmp_path):
 
     common = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={tmp_path / 'out'}", "sampler=clusterclip",
               "sampler.clip_threshold=2", "sampler.on_exhausted=reset", "train.steps=12", "embedder.shard_size=50",
-              "eval.every_n_steps=null"]
+              "eval.every_n_steps=null", "curate.dedup.enabled=true", "curate.dedup.threshold=0.8"]
     proc = run_ccexp(*common, cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (table,) = (tmp_path / "out").glob("runs/*/*/tables/clusters.csv")
@@ -24,10 +25,13 @@ def test_the_plan_counts_exactly_what_a_training_run_trained(tmp_path):
                           timeout=600)
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "reused=True" in plan.stderr  # the run's own cached stages
+    removed = int(re.search(r"dedup: (\d+) near-duplicates", plan.stderr).group(1))
+    assert removed > 0  # the plan draws from the same curated training split as the run
     (folder,) = (tmp_path / "out").glob("plans/*/*")
     planned = list(csv.DictReader(open(folder / "clusters.csv")))
     assert [int(r["tokens"]) for r in planned] == [int(r["train_tokens"]) for r in trained]
     assert [int(r["documents"]) for r in planned] == [int(r["exposure"]) for r in trained]
+    assert [int(r["train_size"]) for r in planned] == [int(r["train_size"]) for r in trained]
     assert sum(int(r["tokens"]) for r in planned) == 12 * 512
     assert (folder / "plan.png").is_file() and "| clusterclip |" in (folder / "plan.md").read_text()
 

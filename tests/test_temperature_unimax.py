@@ -114,5 +114,6 @@ def test_unimax_never_draws_a_document_more_than_max_epochs_times():
 
 def test_unimax_refuses_a_budget_the_cap_cannot_hold():
     labels, sizes = clusters([10, 10])
-    with pytest.raises(CcexpError):
+    with pytest.raises(CcexpError, match=r"sampler.max_epochs=2 allows at most 40 document draws = 200 tokens .* raise "
+                                         r"sampler.max_epochs"):  # UniMax's own key, not ClusterClip's
         UniMaxSampler(labels, sizes, document_tokens=np.full(20, 5), token_budget=20 * 5 * 3, max_epochs=2)

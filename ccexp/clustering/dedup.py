@@ -3,7 +3,8 @@
 Near-duplicates share a k-means cluster, so each cluster is searched on its own: the cluster's
 documents are ordered (``keep="hard"``, SemDeDup's default: farthest from the centroid first; ``easy``:
 nearest first; ``random``), and a document is removed when its cosine similarity to an *earlier*
-document of the order exceeds ``threshold`` (SemDeDup's ``1 - ε``). So from every group of
+document of the order is at least ``threshold`` (SemDeDup's ``1 - ε``; to float32 precision, so 1.0
+removes exactly the documents whose embeddings are identical). So from every group of
 near-duplicates the first in the order survives, and a chain a~b~c removes b and c even if a and c
 are further apart (as in SemDeDup, which compares with every earlier item, removed or not).
 
@@ -20,6 +21,9 @@ import numpy as np
 from ccexp.errors import CcexpError
 
 KEEP = ("hard", "easy", "random")
+# cosine >= threshold is decided to float32 precision: identical unit rows give 1 - O(1e-7), so
+# threshold=1.0 means exact (embedding-identical) copies, deterministically
+_COSINE_SLACK = 1e-6
 
 
 @dataclass
@@ -58,7 +62,7 @@ def semantic_dedup(vectors: np.ndarray, labels: np.ndarray, threshold: float, *,
     Args:
         vectors: float16/float32[N, d], L2-normalised embeddings (cosine = inner product).
         labels: int[N] cluster of each document.
-        threshold: cosine similarity in (0, 1]; a pair above it is a near-duplicate.
+        threshold: cosine similarity in (0, 1]; a pair at or above it is a near-duplicate.
         mask: bool[N], the documents searched (e.g. the training split); default all.
         centroid_similarity: float[N] cosine to the document's centroid (needed for ``hard``/``easy``).
         keep: which member of a group survives: ``hard`` (farthest from the centroid), ``easy``
@@ -99,10 +103,11 @@ def semantic_dedup(vectors: np.ndarray, labels: np.ndarray, threshold: float, *,
         x = np.ascontiguousarray(vectors[members], dtype=np.float32)
         if not np.isfinite(x).all():
             raise CcexpError("semantic_dedup: the embeddings hold NaN or inf; recompute the embed stage")
+        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # float16 rows are unit only to ~1e-3
         index = faiss.IndexFlatIP(x.shape[1])
         index.add(x)
         for q0 in range(0, members.size, query_batch):
-            lims, sims, nbrs = index.range_search(x[q0:q0 + query_batch], float(threshold))
+            lims, sims, nbrs = index.range_search(x[q0:q0 + query_batch], float(threshold) - _COSINE_SLACK)
             queries = q0 + np.repeat(np.arange(lims.size - 1), np.diff(lims.astype(np.int64)))
             earlier = nbrs < queries  # positions in the keep order: only an earlier member removes one
             if not earlier.any():
@@ -130,6 +135,8 @@ def write_dedup_report(out_dir, result: Dedup, *, labels: np.ndarray, k: int, te
     import csv
     from pathlib import Path
 
+    from ccexp.names import markdown_cell
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     removed = ~result.kept
@@ -150,15 +157,12 @@ def write_dedup_report(out_dir, result: Dedup, *, labels: np.ndarray, k: int, te
         paths.append(path)
     order = result.removed[np.argsort(-result.similarity[result.removed], kind="stable")][:examples]
 
-    def cell(text: str) -> str:
-        flat = " ".join(text.split())
-        return (flat[:snippet] + ("…" if len(flat) > snippet else "")).replace("|", "\\|")
-
     lines = [f"# Semantic dedup: {int(removed.sum()):,} of {int(train_mask.sum()):,} training documents removed", "",
              f"The {len(order)} removed documents most similar to a kept one (cosine), beside it:", "",
-             "| cosine | cluster | removed document | duplicate of (kept earlier) |", "|---:|---:|---|---|"]
-    lines += [f"| {result.similarity[i]:.3f} | {int(labels[i])} | {cell(texts[i])} | {cell(texts[result.duplicate_of[i]])} |"
-              for i in order]
+             "| cosine | cluster | removed document | its nearest earlier document in the keep order (itself removed "
+             "when it is a link of a chain) |", "|---:|---:|---|---|"]
+    lines += [f"| {result.similarity[i]:.3f} | {int(labels[i])} | {markdown_cell(texts[i], snippet)} | "
+              f"{markdown_cell(texts[result.duplicate_of[i]], snippet)} |" for i in order]
     md = out_dir / "dedup_examples.md"
     md.write_text("\n".join(lines) + "\n")
     return paths + [md]

@@ -178,48 +178,51 @@ def write_label_table(path: Path, *, label: str, names: list[str], train_docs: n
 
 def write_label_report(out_dir: Path, *, name: str, label: str, names: list[str], train_docs: np.ndarray,
                        corpus_tokens: np.ndarray, tokens: np.ndarray, metrics: dict[str, float]) -> list[Path]:
-    """Exposure and held-out perplexity per value of ``label`` (e.g. ``domain``): ``label_<label>.png``
-    (left: each value's share of the training split's tokens beside its share of the tokens trained
-    on; right: its held-out perplexity, "no held-out documents" where there are none) and a section
-    appended to ``balance.md``. Returns the paths written.
+    """Exposure and held-out perplexity per value of ``label`` (e.g. ``domain``): a "Per <label>" table
+    appended to ``balance.md`` (written first: it needs no plotting) and ``label_<label>.png`` (left:
+    each value's share of the training split's tokens — after any dedup or selection — beside its
+    share of the tokens trained on; right: its held-out perplexity, "no held-out documents" where
+    there are none). Values are drawn as literal text, cut at 40 characters. Returns the paths written.
 
     Args:
         names: the label's values (V); train_docs: int64[V] training documents; corpus_tokens: float[V]
         their tokens; tokens: int64[V] tokens trained on; metrics: the run's evaluation metrics
         (``ppl_<label>/<value>``).
     """
-    from ccexp.names import safe_names
+    from ccexp.names import markdown_cell, plot_text, safe_names
 
-    plt = _plt()
     out_dir.mkdir(parents=True, exist_ok=True)
     safe = safe_names(names)
     corpus_share = corpus_tokens / max(1.0, float(corpus_tokens.sum()))
     token_share = tokens / max(1, int(tokens.sum()))
     ppl = np.array([metrics.get(f"ppl_{label}/{safe[v]}", np.nan) for v in names], dtype=float)
     order = np.argsort(-corpus_share, kind="stable")
-    y = np.arange(len(names))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * len(names)), sharey=True)
-    a1.barh(y - 0.2, corpus_share[order], height=0.4, label="training split (corpus)")
-    a1.barh(y + 0.2, token_share[order], height=0.4, label="tokens trained on (this run)")
-    a1.set(yticks=y, yticklabels=[names[i] for i in order], xlabel="share of tokens (fraction of the total)",
-           title=f"{label}: corpus vs trained mix, in tokens")
-    a1.invert_yaxis()
-    a1.legend(fontsize=8)
-    finite = np.isfinite(ppl[order])
-    a2.barh(y[finite], ppl[order][finite], color="C2")
-    for row in y[~finite]:
-        a2.text(0, row, " no held-out documents", va="center", fontsize=8, color="gray")
-    a2.set(xlabel="held-out perplexity (value's documents)", title=f"{label}: held-out perplexity")
-    fig.suptitle(name)
-    png = _save(fig, out_dir / f"label_{label}.png")
-    lines = ["", f"## Per {label}", "", f"| {label} | training docs | share of training tokens | share of tokens "
-             "trained | held-out ppl |",
-             "|---|---:|---:|---:|---:|"]
-    lines += [f"| {names[i]} | {int(train_docs[i]):,} | {corpus_share[i]:.4f} | {token_share[i]:.4f} | "
+    lines = ["", f"## Per {markdown_cell(label)}", "", f"| {markdown_cell(label)} | training docs | share of training "
+             "tokens | share of tokens trained | held-out ppl |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {markdown_cell(names[i], 80)} | {int(train_docs[i]):,} | {corpus_share[i]:.4f} | {token_share[i]:.4f} | "
               + (f"{ppl[i]:.2f} |" if np.isfinite(ppl[i]) else "no held-out documents |") for i in order]
     md = out_dir / "balance.md"
     with open(md, "a") as f:
         f.write("\n".join(lines) + "\n")
+
+    plt = _plt()
+    y = np.arange(len(names))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 1.6 + 0.32 * len(names)), sharey=True, layout="constrained")
+    a1.barh(y - 0.2, corpus_share[order], height=0.4, label="training split (after any dedup / selection)")
+    a1.barh(y + 0.2, token_share[order], height=0.4, label="tokens trained on (this run)")
+    a1.set(yticks=y, yticklabels=[plot_text(names[i]) for i in order], xlabel="share of tokens (fraction of the total)",
+           title=f"{plot_text(label)}: training split vs trained mix, in tokens")
+    a1.invert_yaxis()
+    finite = np.isfinite(ppl[order])
+    a2.barh(y[finite], ppl[order][finite], color="C2")
+    for row in y[~finite]:
+        a2.text(0, row, " no held-out documents", va="center", fontsize=8, color="gray")
+    a2.set(xlabel="held-out perplexity (value's documents)", title=f"{plot_text(label)}: held-out perplexity")
+    fig.suptitle(plot_text(name, 80))
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8)
+    png = out_dir / f"label_{label}.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
     return [png]
 
 

@@ -24,14 +24,17 @@ class RepetitionClip:
         threshold: ``M >= 1``, the most times a document may be drawn between resets.
         on_exhausted: ``"error"`` (the stream ends when every cluster is clipped) or ``"reset"`` (the
             repetition counts start again from zero).
+        setting: the config key that sets ``threshold``, named in messages.
 
     Raises:
         CcexpError: for ``M < 1`` or an unknown ``on_exhausted``.
     """
 
-    def __init__(self, sizes: np.ndarray, threshold: int, on_exhausted: str = "error"):
+    def __init__(self, sizes: np.ndarray, threshold: int, on_exhausted: str = "error",
+                 setting: str = "sampler.clip_threshold"):
+        self.setting = setting  # the config key that sets M, for messages (UniMax's is sampler.max_epochs)
         if threshold is None or int(threshold) < 1:
-            raise CcexpError(f"sampler.clip_threshold must be an integer >= 1, got {threshold}")
+            raise CcexpError(f"{setting} must be an integer >= 1, got {threshold}")
         if on_exhausted not in ("error", "reset"):
             raise CcexpError(f"sampler.on_exhausted={on_exhausted!r} is not an option; use 'error' or 'reset'")
         self.sizes = np.asarray(sizes, dtype=np.int64)
@@ -89,8 +92,8 @@ class RepetitionClip:
         if document_tokens is not None:
             supply += f" = {self.threshold * int(np.sum(document_tokens)):,} tokens"
         need = f"the run needs {token_budget:,} tokens; " if token_budget else "every cluster is exhausted; "
-        return (f"sampler.clip_threshold={self.threshold} allows at most {supply} from {total_documents:,} "
-                f"documents; {need}raise sampler.clip_threshold, lower train.steps or train.tokens_per_step, "
+        return (f"{self.setting}={self.threshold} allows at most {supply} from {total_documents:,} training "
+                f"documents; {need}raise {self.setting}, lower train.steps or train.tokens_per_step, "
                 f"or set sampler.on_exhausted=reset")
 
     def state_dict(self) -> dict[str, Any]:

@@ -53,29 +53,44 @@ _DYNAMIC_STREAM = 0x44594E41  # "DYNA"
 
 
 def load_reference_losses(source: str | Sequence[float] | None, num_clusters: int) -> np.ndarray | None:
-    """float64[K] reference per-cluster losses from a list, a ``.npy`` file or a JSON list file.
+    """float64[K] reference per-cluster losses (nats per token, finite and >= 0) from a list, a ``.npy``
+    file or a JSON list file.
 
     Raises:
-        CcexpError: if the file is missing, the length is not K, or ``source`` is ``"auto"`` (which only
-            a training run resolves, through its ``reference`` stage).
+        CcexpError: if the file is missing, a folder or unreadable, a value is not a number, non-finite
+            or negative, the length is not K, or ``source`` is ``"auto"`` (which only a training run
+            resolves, through its ``reference`` stage).
     """
     if source is None:
         return None
     if isinstance(source, str) and source == "auto":
         raise CcexpError("sampler.reference_losses=auto is computed by a training run's reference stage "
                          "(python -m ccexp); here give a list, or the reference_losses.npy that stage wrote")
-    if isinstance(source, (str, Path)):
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise CcexpError(f"sampler.reference_losses={str(source)!r} does not exist; give a .npy or .json file "
-                             "with one loss per cluster")
-        values = np.load(path, allow_pickle=False) if path.suffix == ".npy" else np.asarray(json.loads(path.read_text()), dtype=float)
-    else:
-        values = np.asarray(list(source), dtype=np.float64)
-    if values.shape != (num_clusters,) or not np.isfinite(values).all():
-        raise CcexpError(f"sampler.reference_losses must hold {num_clusters} finite values (one per cluster), "
-                         f"got shape {values.shape}")
-    return values.astype(np.float64)
+    name = f"sampler.reference_losses={str(source)!r}" if isinstance(source, (str, Path)) else "sampler.reference_losses"
+    try:
+        if isinstance(source, (str, Path)):
+            path = Path(source).expanduser()
+            if not path.is_file():
+                what = "is a folder" if path.is_dir() else "does not exist"
+                raise CcexpError(f"{name} {what}; give a .npy or .json file with one loss per cluster")
+            raw = np.load(path, allow_pickle=False) if path.suffix == ".npy" else json.loads(path.read_text())
+        else:
+            raw = list(source)
+        values = np.asarray(raw, dtype=np.float64)
+    except CcexpError:
+        raise
+    except Exception as e:  # unreadable file, not JSON, strings or objects where numbers belong
+        raise CcexpError(f"{name} cannot be read as {num_clusters} numbers ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'no detail'}); give a list, a .npy array or a JSON "
+                         "list of floats, one loss per cluster") from None
+    if values.shape != (num_clusters,):
+        raise CcexpError(f"{name} must hold {num_clusters} values (one per cluster), got shape {values.shape}")
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        c = int(np.flatnonzero(bad)[0])
+        raise CcexpError(f"{name}: cluster {c}'s loss is {values[c]}; reference losses are nats per token, finite "
+                         "and >= 0")
+    return values
 
 
 class DynamicSampler(UniformSampler):
@@ -117,7 +132,8 @@ class DynamicSampler(UniformSampler):
             raise CcexpError(f"sampler.rule={rule!r} is not an option; use 'odm' or 'doremi'")
         if int(update_every) < 1 or int(warmup_steps) < 0:
             raise CcexpError("sampler.update_every must be >= 1 and sampler.warmup_steps >= 0")
-        if not 0.0 <= beta < 1.0 or eta <= 0 or not 0.0 <= epsilon <= 1.0 or (eta_tokens is not None and eta_tokens <= 0):
+        if not (0.0 <= beta < 1.0 and eta > 0 and 0.0 <= epsilon <= 1.0 and (eta_tokens is None or 0 < eta_tokens < np.inf)
+                and eta < np.inf):  # written so that NaN fails too
             raise CcexpError(f"need 0 <= sampler.beta < 1, sampler.eta > 0, 0 <= sampler.epsilon <= 1, sampler.eta_tokens "
                              f"> 0 or null; got beta={beta}, eta={eta}, epsilon={epsilon}, eta_tokens={eta_tokens}")
         self.reference_losses = load_reference_losses(reference_losses, self.num_clusters) if rule == "doremi" else None

@@ -65,7 +65,7 @@ class UniMaxSampler(UniformSampler):
             raise CcexpError(f"sampler.max_epochs must be an integer >= 1, got {max_epochs}")
         super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
                          token_budget=token_budget,
-                         clip=RepetitionClip(np.asarray(sizes), int(max_epochs), on_exhausted))
+                         clip=RepetitionClip(np.asarray(sizes), int(max_epochs), on_exhausted, setting="sampler.max_epochs"))
         self.max_epochs = int(max_epochs)
         tokens = (np.ones(self.num_documents, np.int64) if self.document_tokens is None else self.document_tokens)
         cluster_tokens = np.bincount(self.labels, weights=tokens, minlength=self.num_clusters)

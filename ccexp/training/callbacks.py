@@ -165,7 +165,7 @@ class StopOnSignal(Callback):
         if trainer.world_size > 1:
             flag = trainer.strategy.reduce(flag, reduce_op="max")
         if flag.item():
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # the full state, to resume from
             from ccexp.errors import Interrupted
 
             raise Interrupted(int(flag.item()), f"stopped by {signal.Signals(int(flag.item())).name} after step "
