@@ -333,8 +333,8 @@ def write_plans(plans: list):
               f"tokens)" if p0.source == "synthetic" else f"{cfg0.data.name}, {cfg0.clusterer.name}")
     lines = [f"# Stream plan: {source}, {cfg0.train.steps} steps x {cfg0.train.tokens_per_step:,} tokens", "",
              "No model was trained: the policy's own token stream was run and counted (ccexp.data.simulate).", "",
-             "| variant | clusters clipped | first clip at step | max repetition | final mix entropy (nats) | "
-             "KL to corpus | KL to uniform | seconds |", "|---|---|---|---|---|---|---|---|"]
+             "| variant | clusters clipped | first clip at step | max repetition | final token-mix entropy (nats) | "
+             "KL to the corpus token mix | KL to uniform | seconds |", "|---|---|---|---|---|---|---|---|"]
     for label, _, p in plans:
         clipped = p.clipped_at[p.clipped_at >= 0]
         h = p.history
@@ -360,18 +360,19 @@ def plot_plans(plans: list, path):
     from ccexp.names import plot_text
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, _, p in plans:
-        nz = p.sizes > 0
-        corpus = p.sizes[nz] / p.sizes[nz].sum()
+    for i, (label, _, p) in enumerate(plans):
+        nz = p.corpus_tokens > 0
+        corpus = p.corpus_tokens[nz] / p.corpus_tokens[nz].sum()
         share = p.tokens[nz] / max(1, p.tokens.sum())
         order = np.argsort(corpus)
         a.plot(corpus[order], np.maximum(share[order], 1e-12), ".", ms=3, label=plot_text(label, 60))
-        b.plot(p.history["step"], p.history["kl_to_corpus"], label=plot_text(label, 60))
-    lo = min(float((p.sizes[p.sizes > 0] / p.sizes.sum()).min()) for _, _, p in plans)
-    a.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="= corpus mix (random)")
-    a.set(xscale="log", yscale="log", xlabel="cluster's share of the training documents",
-          ylabel="cluster's share of the tokens trained", title="exposure per cluster")
-    b.set(xlabel="optimizer step", ylabel="KL(token mix || corpus mix), nats", title="mix over the run")
+        b.plot(p.history["step"], p.history["kl_to_corpus"], label=plot_text(label, 60), lw=1.2,
+               ls=("-", "--", ":", "-.")[i % 4])  # plans that coincide stay visible
+    lo = min(float((p.corpus_tokens[p.corpus_tokens > 0] / p.corpus_tokens.sum()).min()) for _, _, p in plans)
+    a.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="= corpus token mix (random)")
+    a.set(xscale="log", yscale="log", xlabel="cluster's share of the training split's tokens",
+          ylabel="cluster's share of the tokens trained", title="exposure per cluster, in tokens")
+    b.set(xlabel="optimizer step", ylabel="KL(trained token mix || corpus token mix), nats", title="mix over the run")
     a.legend(fontsize=7)
     b.legend(fontsize=7)
     fig.tight_layout()

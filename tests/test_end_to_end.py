@@ -68,7 +68,7 @@ def test_each_run_has_lm_eval_metrics_and_a_balance_report(sweep):
         assert {"balance/mix.png", "balance/mix_over_time.png", "balance/repetition.png", "balance/ppl_vs_size.png",
                 "balance/balance.md", "balance/label_domain.png"} <= arts
     md = (next(out.glob("multirun/*/0-*/balance/balance.md"))).read_text()
-    rows = md.split("## Per domain")[1].strip().splitlines()[2:]
+    rows = [ln for ln in md.split("## Per domain")[1].splitlines() if ln.startswith("| ")][1:]  # after the header
     assert len(rows) == 9  # every domain of the corpus, with its token shares and held-out perplexity
     assert abs(sum(float(r.split("|")[4]) for r in rows) - 1.0) < 1e-3  # trained-token shares add up
 

@@ -65,3 +65,18 @@ def test_bad_plan_input_is_one_line(tmp_path, capsys):
 
     assert main(["plan.source=nowhere", f"paths.outputs={tmp_path}"]) == 2
     assert capsys.readouterr().err.strip() == "ccexp: error: plan.source='nowhere' is not an option; use corpus or synthetic"
+
+
+def test_the_plan_compares_the_token_mix_with_the_corpus_token_mix():
+    """Random sampling trains on the corpus mix: in tokens against the corpus's tokens its KL is ~0, even
+    when cluster document lengths differ (against the document mix it would not be)."""
+    from ccexp.data.simulate import simulate, synthetic_corpus
+    from ccexp.sampling import RandomSampler
+
+    labels, sizes, lengths = synthetic_corpus(8, 4000, zipf=1.0, mean_tokens=50, seed=0)
+    lengths = lengths * (1 + labels)  # cluster c's documents are (c + 1) times longer
+    plan = simulate(RandomSampler(labels, sizes, block_size=64, seed=0), lengths, steps=400, tokens_per_step=2048,
+                    seq_len=128)
+    assert plan.history["kl_to_corpus"][-1] < 0.01
+    doc_mix, token_mix = sizes / sizes.sum(), plan.corpus_tokens / plan.corpus_tokens.sum()
+    assert float((token_mix * np.log(token_mix / doc_mix)).sum()) > 0.1  # the two mixes do differ here

@@ -34,7 +34,8 @@ class StreamPlan:
         clipped_at: int64[K] the step after which a clip took the cluster out (-1: never).
         sizes: int64[K] training documents per cluster.
         history: ``{"step", "tokens", "mix_entropy", "kl_to_corpus", "kl_to_uniform", "active_clusters"}``
-            lists, recorded every ``record_every`` steps (the mix is of tokens trained so far).
+            lists, recorded every ``record_every`` steps: the mix of the tokens trained so far, against
+            the corpus's *token* mix (``corpus_tokens``) and uniform.
         repetition_histogram: draws -> documents (:meth:`Sampler.repetition_histogram`).
         seconds: wall time of the simulation.
     """
@@ -48,6 +49,7 @@ class StreamPlan:
     history: dict[str, list[float]] = field(default_factory=dict)
     repetition_histogram: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
+    corpus_tokens: np.ndarray | None = None  # int64[K] the training split's tokens per cluster (stream lengths)
 
 
 def step_cluster_tokens(stream: TokenStream, plan, labels: np.ndarray, num_clusters: int) -> np.ndarray:
@@ -74,6 +76,7 @@ def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_st
     stream = TokenStream(sampler, lengths, seq_len=seq_len, rows_per_step=tokens_per_step // seq_len,
                          max_doc_tokens=max_doc_tokens)
     tokens = np.zeros(k, dtype=np.int64)
+    corpus_tokens = np.bincount(sampler.labels, weights=stream.stream_len, minlength=k).astype(np.int64)
     clipped_at = np.full(k, -1, dtype=np.int64)
     history: dict[str, list[float]] = {key: [] for key in ("step", "tokens", "mix_entropy", "kl_to_corpus",
                                                            "kl_to_uniform", "active_clusters")}
@@ -84,7 +87,7 @@ def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_st
         newly = sampler.clipped() & (clipped_at < 0)
         clipped_at[newly] = step
         if (step + 1) % record_every == 0 or step + 1 == steps:
-            stats = mix_statistics(tokens, sampler.sizes)
+            stats = mix_statistics(tokens, corpus_tokens)  # tokens against tokens (random's mix: KL ≈ 0)
             history["step"].append(step + 1)
             history["tokens"].append(float(tokens.sum()))
             for key in ("mix_entropy", "kl_to_corpus", "kl_to_uniform"):
@@ -96,7 +99,7 @@ def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_st
             log.info("plan: step %d/%d, %s tokens, %.0f steps/s", step + 1, steps, f"{int(tokens.sum()):,}",
                      (step + 1) / (now - t0))
     return StreamPlan(steps, tokens_per_step, sampler.exposure(), tokens, clipped_at, sampler.sizes.copy(), history,
-                      sampler.repetition_histogram(), time.perf_counter() - t0)
+                      sampler.repetition_histogram(), time.perf_counter() - t0, corpus_tokens)
 
 
 def synthetic_corpus(num_clusters: int, num_documents: int, *, zipf: float = 1.0, mean_tokens: float = 500.0,

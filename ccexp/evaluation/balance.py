@@ -80,7 +80,7 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
     nz = sizes > 0
     a2.scatter(sizes[nz], exposure[nz], s=12)
     a2.set(xscale="log", xlabel="cluster size (training documents, log scale)", ylabel="documents drawn",
-           title="exposure per cluster")
+           title="exposure per cluster", ylim=(0, max(1, int(exposure[nz].max(initial=0))) * 1.05))  # from 0
     a2.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(name)
     paths.append(_save(fig, out_dir / "repetition.png"))
@@ -197,7 +197,7 @@ def write_label_report(out_dir: Path, *, name: str, label: str, names: list[str]
     token_share = tokens / max(1, int(tokens.sum()))
     ppl = np.array([metrics.get(f"ppl_{label}/{safe[v]}", np.nan) for v in names], dtype=float)
     order = np.argsort(-corpus_share, kind="stable")
-    lines = ["", f"## Per {markdown_cell(label)}", "", f"| {markdown_cell(label)} | training docs | share of training "
+    lines = ["", f"## Per {markdown_cell(label)}", "", f"Plot: `label_{label}.png`.", "", f"| {markdown_cell(label)} | training docs | share of training "
              "tokens | share of tokens trained | held-out ppl |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {markdown_cell(names[i], 80)} | {int(train_docs[i]):,} | {corpus_share[i]:.4f} | {token_share[i]:.4f} | "
               + (f"{ppl[i]:.2f} |" if np.isfinite(ppl[i]) else "no held-out documents |") for i in order]
