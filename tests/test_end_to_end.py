@@ -67,7 +67,7 @@ def test_each_run_has_lm_eval_metrics_and_a_balance_report(sweep):
         arts = {a.path for a in client.list_artifacts(r.info.run_id, "balance")}
         assert {"balance/mix.png", "balance/mix_over_time.png", "balance/repetition.png", "balance/ppl_vs_size.png",
                 "balance/balance.md", "balance/label_domain.png"} <= arts
-    md = (next(out.glob("multirun/*/0-*/balance/balance.md"))).read_text()
+    md = next((out / "multirun").rglob("0-*/balance/balance.md")).read_text()
     rows = [ln for ln in md.split("## Per domain")[1].splitlines() if ln.startswith("| ")][1:]  # after the header
     assert len(rows) == 9  # every domain of the corpus, with its token shares and held-out perplexity
     assert abs(sum(float(r.split("|")[4]) for r in rows) - 1.0) < 1e-3  # trained-token shares add up

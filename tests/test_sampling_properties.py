@@ -173,7 +173,7 @@ def test_clusterclip_budget_error_names_the_largest_budget_in_tokens():
     sizes = np.array([5, 1, 3], dtype=np.int64)
     labels = np.repeat(np.arange(3), sizes).astype(np.int32)
     doc_tokens = np.arange(1, 10, dtype=np.int64)  # 45 tokens in all
-    with pytest.raises(CcexpError, match=r"at most 18 document draws = 90 tokens from 9 documents; the run needs 91"):
+    with pytest.raises(CcexpError, match=r"at most 18 document draws = 90 tokens from 9 training documents; the run needs 91"):
         ClusterClipSampler(labels, sizes, block_size=3, clip_threshold=2, document_tokens=doc_tokens, token_budget=91)
     ClusterClipSampler(labels, sizes, block_size=3, clip_threshold=2, document_tokens=doc_tokens, token_budget=90)
     s = ClusterClipSampler(labels, sizes, block_size=4, clip_threshold=2)  # budget unknown up front

@@ -250,7 +250,7 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                 average_weights=sampler.average_weights() if hasattr(sampler, "average_weights")
                                 else None)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
-    label_counts = None
+    label_counts = corpus_tokens = None
     if fit.group_field is not None and module.num_groups:
         ids = fit.group_ids if train_docs is None else fit.group_ids[train_docs]
         label_counts = np.bincount(ids, minlength=len(fit.group_names)).astype(np.int64)
