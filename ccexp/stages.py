@@ -265,8 +265,8 @@ class Stages:
                                label_values=corpus.labels, train_mask=~corpus.heldout, examples=int(d.examples))
             searched = int((~corpus.heldout).sum())
             train = ~corpus.heldout  # a cluster keeps its first document; a label value can lose all of its
-            emptied = {name: sorted({v for v, t in zip(values, train & result.kept) if t} ^
-                                     {v for v, t in zip(values, train) if t}) for name, values in corpus.labels.items()}
+            emptied = {name: sorted(set(np.unique(v[train]).tolist()) - set(np.unique(v[train & result.kept]).tolist()))
+                       for name, v in ((n, np.asarray(vs, dtype=str)) for n, vs in corpus.labels.items())}
             return {"removed": int(result.removed.size), "searched": searched, "threshold": float(d.threshold),
                     "removed_fraction": result.removed.size / max(1, searched),
                     "emptied_label_values": {f: [str(v) for v in vs] for f, vs in emptied.items() if vs}}
