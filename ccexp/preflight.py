@@ -197,13 +197,15 @@ def _check_token_budget(cfg: DictConfig) -> None:
         raise CcexpError(f"train.grad_accumulation={node} but it is derived: tokens_per_step / (seq_len x "
                          f"micro_batch_size x world size) = {derived}; set train.tokens_per_step or "
                          "train.micro_batch_size instead")
-    if world > 1 and _doremi_auto(cfg):
+    if world > 1 and uses_reference_run(cfg):
         raise CcexpError("sampler.reference_losses=auto trains the reference model on one device, not under "
                          f"{world} ranks; pass a file: a single-device run of this config writes it to "
                          "<paths.cache>/reference/<fingerprint>/reference_losses.npy")
 
 
-def _doremi_auto(cfg: DictConfig) -> bool:
+def uses_reference_run(cfg: DictConfig) -> bool:
+    """True when the run trains DoReMi's reference model (``sampler.rule=doremi``,
+    ``sampler.reference_losses=auto``): the reference stage's condition and pre-flight's."""
     s = cfg.sampler
     return s.name == "dynamic" and s.rule == "doremi" and OmegaConf.select(cfg, "sampler.reference_losses") == "auto"
 
@@ -278,7 +280,7 @@ def _check_components(cfg: DictConfig) -> None:
                          f"{cfg.model.name} has none; use model=hf_causal_lm model.pretrained=... (or +recipe=cluster_sft)")
     k = cluster_count(cfg)
     extra = {"similarity": np.zeros(k, dtype=np.float32)} if "similarity" in _parameters(cfg.sampler._target_) else {}
-    if _doremi_auto(cfg):  # the reference stage computes them
+    if uses_reference_run(cfg):  # the reference stage computes them
         extra["reference_losses"] = np.zeros(k)
     sampler = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
                     seed=cfg.seed, **extra)

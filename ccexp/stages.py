@@ -27,6 +27,7 @@ from ccexp.data.corpus import BUILTIN_PATH, Corpus, split_heldout
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.errors import CcexpError, Interrupted
+from ccexp.preflight import uses_reference_run
 
 log = logging.getLogger("ccexp")
 
@@ -383,9 +384,9 @@ class Stages:
         Raises:
             CcexpError: from training (e.g. a non-finite loss).
         """
-        s = self.cfg.sampler
-        if s.name != "dynamic" or s.rule != "doremi" or OmegaConf.select(self.cfg, "sampler.reference_losses") != "auto":
+        if not uses_reference_run(self.cfg):
             return None
+        s = self.cfg.sampler
         steps = int(s.reference_steps)
         t = self.cfg.train
         trainer = {k: v for k, v in OmegaConf.to_container(self.cfg.trainer, resolve=True).items()

@@ -212,3 +212,14 @@ def test_size_histogram_keeps_the_smallest_cluster_of_105():
 
     sizes = np.array([105, 300, 2000, 15000, 105, 7])[:-1]
     assert size_histogram(sizes)[0].sum() == 5
+
+
+def test_cluster_report_table_keeps_label_values_and_texts_in_their_cells(tmp_path):
+    """Label values and documents are data: a `|` or a newline in them must not add or split table cells."""
+    labels = np.array([0, 0, 1, 1], dtype=np.int32)
+    write_cluster_report(tmp_path, labels=labels, sizes=np.array([2, 2]), similarity=np.ones(4, np.float32),
+                         texts=["a | b", "c\nd", "e", "f|g"], label_values={"src": ["x|y", "x|y", "two\nlines", "z"]},
+                         train_mask=np.ones(4, bool))
+    rows = [ln for ln in (tmp_path / "clusters.md").read_text().splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert len(rows) == 2 and all(r.replace("\\|", "").count("|") == 5 for r in rows)  # four cells each
+    assert any("x\\|y" in r for r in rows) and any("two lines" in r for r in rows)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ccexp.clustering.selection import closest_per_cluster
+from ccexp.names import markdown_cell
 
 
 def imbalance(sizes: np.ndarray) -> dict[str, float]:
@@ -113,8 +114,8 @@ def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray
     head = ["| cluster | size | majority label | nearest to centroid |", "|---:|---:|---|---|"]
     md = [f"# Clusters (K={sizes.size})", "",
           ", ".join(f"{k} {v:.3g}" for k, v in metrics.items()), "", *head]
-    md += [f"| {c} | {n} | {tag} | " + " / ".join(s.replace("|", "\\|") for s in samples) + " |"
-           for c, n, tag, samples in rows]
+    md += [f"| {c} | {n} | {markdown_cell(tag, len(tag))} | " + " / ".join(markdown_cell(s, chars) for s in samples)
+           + " |" for c, n, tag, samples in rows]  # label values and texts are data: one line, | escaped
     (out_dir / "clusters.md").write_text("\n".join(md) + "\n")
     cells = "".join(f"<tr><td>{c}</td><td>{n}</td><td>{html.escape(tag)}</td><td><ol>"
                     + "".join(f"<li>{html.escape(s)}</li>" for s in samples) + "</ol></td></tr>"
