@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+import ccexp.sampling.kernels as kernels
 from ccexp.errors import CcexpError
 
 
@@ -67,10 +68,10 @@ class Sampler(ABC):
             raise CcexpError("sampler: labels must be a non-empty 1-D array of cluster ids")
         if sizes.ndim != 1 or sizes.size == 0:
             raise CcexpError("sampler: sizes must be a non-empty 1-D array (one entry per cluster)")
-        if labels.min() < 0 or labels.max() >= sizes.size:
-            raise CcexpError(f"sampler: cluster ids must lie in [0, {sizes.size}); got "
-                             f"[{labels.min()}, {labels.max()}]")
-        if not np.array_equal(np.bincount(labels, minlength=sizes.size), sizes):
+        lo, hi, counts = kernels.label_counts(labels, sizes.size)
+        if lo < 0 or hi >= sizes.size:
+            raise CcexpError(f"sampler: cluster ids must lie in [0, {sizes.size}); got [{lo}, {hi}]")
+        if not np.array_equal(counts, sizes):
             raise CcexpError("sampler: sizes do not match bincount(labels); pass the clustering's sizes")
         if int(block_size) < 1:
             raise CcexpError(f"sampler block_size must be >= 1, got {block_size}")

@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+import ccexp.sampling.kernels as kernels
 from ccexp.errors import CcexpError
 from ccexp.sampling.base import Sampler
-from ccexp.sampling.permutation import affine_permute, derive_keys, pass_hash, shuffled_groups
+from ccexp.sampling.permutation import derive_keys
 
 _KEEP_STREAM = 0x4B454550  # "KEEP"
 _DP_STREAM = 0x44505041  # "DPPA"
@@ -66,20 +67,25 @@ class ClusterDPSampler(Sampler):
         self.num_lanes = int(self._clusters.size)  # lane j = cluster self._clusters[j]
         self.kept_size = max(1, int(np.floor(self.sizes[self._clusters].min() * ratio)))
         self.keep, self.layout = keep, layout
-        self._kept = self._reduce(similarity)  # int64[k, m]
-        self._pass_key = derive_keys(self.seed, _DP_STREAM)
+        self._kept = self._reduce(similarity)  # int[k, m]
+        self._pass_key = np.uint64(derive_keys(self.seed, _DP_STREAM))
 
     def _reduce(self, similarity: np.ndarray | None) -> np.ndarray:
         if self.keep == "random":
-            order = shuffled_groups(self.labels, np.random.default_rng([self.seed, _KEEP_STREAM]))
+            order = kernels.shuffled_groups(self.labels, self.sizes, np.random.default_rng([self.seed, _KEEP_STREAM]))
         else:
             if similarity is None or len(similarity) != self.num_documents:
                 raise CcexpError(f"cluster_dp keep={self.keep} needs each document's similarity to its centroid; "
                                  "use keep=random without one")
             score = np.asarray(similarity, dtype=np.float64) * (1.0 if self.keep == "farthest" else -1.0)
-            order = np.lexsort((score, self.labels))  # by cluster, then lowest score (= farthest) first
+            # by cluster, then lowest score (= farthest) first, then index: np.lexsort((score, labels)),
+            # as a stable sort by score and a stable counting sort by cluster
+            order = kernels.group_stable(np.argsort(score, kind="stable"), self.labels, self.sizes)
         starts = np.concatenate([[0], np.cumsum(self.sizes)])[self._clusters]
-        return order[starts[:, None] + np.arange(self.kept_size)[None, :]]
+        kept = np.empty((self._clusters.size, self.kept_size), order.dtype)
+        for row, start in enumerate(starts):
+            kept[row] = order[start:start + self.kept_size]
+        return kept
 
     def kept_documents(self) -> np.ndarray:
         """int64[k, m]: the documents each non-empty cluster keeps (row j = cluster ``clusters[j]``)."""
@@ -109,12 +115,11 @@ class ClusterDPSampler(Sampler):
     def _draw(self, lane: int) -> np.ndarray:
         """The next ``block_size`` kept documents of cluster ``clusters[lane]``: passes over a permutation."""
         c = self._clusters[lane]
-        ordinal = self._exposure[c] + np.arange(self.block_size, dtype=np.int64)
-        pass_idx, i = np.divmod(ordinal, self.kept_size)
-        docs = self._kept[lane, affine_permute(i, self.kept_size, pass_hash(self._pass_key, np.full_like(i, lane),
-                                                                            pass_idx))]
+        docs = np.empty(self.block_size, np.int64)
+        kernels.pass_block(self._kept[lane], 0, self.kept_size, lane, self._pass_key, self._exposure[c],
+                           self.block_size, docs, 0)
         self._exposure[c] += self.block_size
-        return docs.astype(np.int64)
+        return docs
 
     def repetition_histogram(self) -> dict[int, int]:
         from ccexp.sampling.base import pass_histogram

@@ -63,7 +63,6 @@ class ClusterClipSampler(UniformSampler):
         if self.after_clip == "proportional" and self.clip.clipped_any(self._exposure):
             rng = np.random.default_rng([self.seed, _PROPORTIONAL_STREAM, self._blocks])
             weights = self.clip.documents_left(self._exposure).astype(np.float64)
-            clusters, ordinal = self._iid_clusters(rng, weights, self.block_size)  # steps 4-5, proportional
-        else:
-            clusters, ordinal = self._next_clusters(self.block_size)  # steps 1, 3-5: rounds over active clusters
-        return self._documents(clusters, ordinal)  # step 2: the next document of each cluster's pass
+            return self._iid_documents(rng, weights, self.block_size)  # steps 4-5 (proportional), then 2
+        # steps 1, 3-5 (rounds over the active clusters), then 2: the next document of each cluster's pass
+        return self._round_documents(self.block_size)

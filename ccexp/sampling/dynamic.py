@@ -219,7 +219,7 @@ class DynamicSampler(UniformSampler):
         if self._steps_observed < self.warmup_steps:  # warm-up: ClusterClip/uniform rounds over the clusters
             return super()._draw(lane)
         rng = np.random.default_rng([self.seed, _DYNAMIC_STREAM, self._blocks])
-        return self._documents(*self._iid_clusters(rng, self._pi, self.block_size))
+        return self._iid_documents(rng, self._pi, self.block_size)
 
     def telemetry(self, since: np.ndarray | None = None) -> dict[str, float]:
         out = super().telemetry(since)

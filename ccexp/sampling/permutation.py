@@ -13,6 +13,10 @@ Every pass therefore visits each member exactly once, in an order that differs f
 and position lookups are a handful of integer operations per index — no per-index Python, no O(N)
 state. The affine maps are not uniformly random permutations; they reorder a random base order,
 which is what the samplers' invariants (counts per pass) and a training stream need.
+
+The functions here are the vectorised NumPy definitions. The samplers' hot paths run the same
+arithmetic in compiled loops (:mod:`ccexp.sampling.kernels`, tested equal to these), including
+:func:`shuffled_groups` (``kernels.shuffled_groups``: the same result in O(N) without argsort).
 """
 from __future__ import annotations
 

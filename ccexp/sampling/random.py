@@ -5,14 +5,19 @@ Draw ``p`` of the run (the p-th document of the stream) is position ``p mod N`` 
 map keyed by ``(seed, epoch)`` (:mod:`ccexp.sampling.permutation`). Within an epoch every document
 appears exactly once, and cluster ``c`` is drawn with frequency ``n_c / N``. State: the number of
 documents drawn.
+
+The base order is kept as int64 words ``document | cluster << 32`` (8 bytes a document), so a draw
+reads one cache line for the document and its cluster's exposure count; the walk along the epoch's
+affine map is a compiled kernel (:func:`ccexp.sampling.kernels.pass_block_labelled`).
 """
 from __future__ import annotations
 
 import numpy as np
 
+import ccexp.sampling.kernels as kernels
 from ccexp.errors import CcexpError
 from ccexp.sampling.base import Sampler, pass_histogram
-from ccexp.sampling.permutation import MAX_DOMAIN, affine_permute, derive_keys, pass_hash
+from ccexp.sampling.permutation import MAX_DOMAIN, derive_keys
 
 _EPOCH_STREAM = 0x52414E44  # "RAND"
 
@@ -32,18 +37,17 @@ class RandomSampler(Sampler):
                          token_budget=token_budget)
         if self.num_documents >= MAX_DOMAIN:
             raise CcexpError(f"random sampler supports fewer than {MAX_DOMAIN:,} documents")
-        self._base = np.random.default_rng([self.seed, _EPOCH_STREAM]).permutation(self.num_documents).astype(np.int32)
-        self._key = derive_keys(self.seed, _EPOCH_STREAM)
+        # the base shuffle is rng.permutation(N), applied to (document, cluster) words
+        self._base = kernels.shuffled_packed(self.labels, np.random.default_rng([self.seed, _EPOCH_STREAM]))
+        self._key = np.uint64(derive_keys(self.seed, _EPOCH_STREAM))
 
     def _drawn(self) -> int:
         return self._blocks * self.block_size  # every block is full
 
     def _draw(self, lane: int) -> np.ndarray:
-        pos = self._drawn() + np.arange(self.block_size, dtype=np.int64)
-        epoch, i = np.divmod(pos, self.num_documents)
-        docs = self._base[affine_permute(i, self.num_documents, pass_hash(self._key, np.zeros_like(epoch), epoch))]
-        docs = docs.astype(np.int64)
-        self._exposure += np.bincount(self.labels[docs], minlength=self.num_clusters)
+        """Draw ``p`` is position ``p mod N`` of pass (epoch) ``p div N`` of the one group of all documents."""
+        docs = np.empty(self.block_size, np.int64)
+        kernels.pass_block_labelled(self._base, self._key, self._drawn(), self.block_size, docs, self._exposure)
         return docs
 
     def repetition_histogram(self) -> dict[int, int]:

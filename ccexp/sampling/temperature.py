@@ -53,4 +53,4 @@ class TemperatureSampler(UniformSampler):
 
     def _draw(self, lane: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, _TEMPERATURE_STREAM, self._blocks])
-        return self._documents(*self._iid_clusters(rng, self._pi, self.block_size))
+        return self._iid_documents(rng, self._pi, self.block_size)

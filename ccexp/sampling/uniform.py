@@ -16,6 +16,9 @@ active mask[K] — O(K).
 
 An optional :class:`~ccexp.sampling.clip.RepetitionClip` (ClusterClip's, also used by ``dynamic``)
 limits each cluster's draws; rounds then visit only the clusters with quota left.
+
+Both levels run in compiled kernels (:mod:`ccexp.sampling.kernels`): the rounds' cluster orders and
+the documents of a block's draws, each draw continuing its cluster's pass incrementally.
 """
 from __future__ import annotations
 
@@ -23,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
+import ccexp.sampling.kernels as kernels
 from ccexp.errors import CcexpError
 from ccexp.sampling.base import Sampler
 from ccexp.sampling.clip import RepetitionClip
-from ccexp.sampling.permutation import MAX_DOMAIN, affine_permute, derive_keys, pass_hash, shuffled_groups
+from ccexp.sampling.permutation import MAX_DOMAIN, derive_keys
 
 _ROUND_STREAM = 0x524F554E  # "ROUN"
 _PASS_STREAM = 0x50415353  # "PASS"
@@ -49,15 +53,17 @@ class UniformSampler(Sampler):
         if self.sizes.max() >= MAX_DOMAIN:
             raise CcexpError(f"{self.name} sampler supports clusters of fewer than {MAX_DOMAIN:,} documents")
         # members of cluster c are members[starts[c]:starts[c+1]], shuffled once (a static index, not state)
-        self._members = shuffled_groups(self.labels, np.random.default_rng([self.seed, _PASS_STREAM]))
+        self._members = kernels.shuffled_groups(self.labels, self.sizes,
+                                                np.random.default_rng([self.seed, _PASS_STREAM]))
         self._starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self._cluster_base = np.random.default_rng([self.seed, _ROUND_STREAM]).permutation(self.num_clusters)
-        self._pass_key = derive_keys(self.seed, _PASS_STREAM)
-        self._round_key = derive_keys(self.seed, _ROUND_STREAM)
+        self._pass_key = np.uint64(derive_keys(self.seed, _PASS_STREAM))
+        self._round_key = np.uint64(derive_keys(self.seed, _ROUND_STREAM))
         self._round = 0
         self._round_pos = 0
         self._round_mask = self.sizes > 0
         self._round_order_cache: tuple[int, np.ndarray] | None = None
+        self._clusters_buffer = np.empty(0, np.int64)  # reused by _next_clusters (no page faults per block)
 
     # -- the clip's quota --------------------------------------------------------------------
     def _quota(self, exposure: np.ndarray) -> np.ndarray | None:
@@ -71,31 +77,33 @@ class UniformSampler(Sampler):
         return self.clip is not None and self.clip.ends_stream
 
     # -- drawing ------------------------------------------------------------------------------
-    def _rounds(self, first: int, count: int) -> np.ndarray:
-        """Cluster order of rounds ``first .. first+count-1`` over the current active set, concatenated."""
+    def _rounds(self, first: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Cluster order of rounds ``first .. first+count-1`` over the current active set, concatenated
+        (written to ``out``, int64[count · active], when given): round r is pass r of the active
+        clusters (in base order) under the round key, so draw ``r·k + i`` of the kernel's pass stream."""
         active = self._cluster_base[self._round_mask[self._cluster_base]]
-        if active.size == 0:
-            return active
         k = active.size
-        rounds = first + np.arange(count)
-        h = np.repeat(pass_hash(self._round_key, np.zeros_like(rounds), rounds), k)
-        return active[affine_permute(np.tile(np.arange(k), count), k, h)]
+        out = np.empty(count * k, np.int64) if out is None else out
+        if k:
+            kernels.pass_block(active, 0, k, 0, self._round_key, first * k, count * k, out, 0)
+        return out
 
     def _round_order(self) -> np.ndarray:
         if self._round_order_cache is None or self._round_order_cache[0] != self._round:
             self._round_order_cache = (self._round, self._rounds(self._round, 1))
         return self._round_order_cache[1]
 
-    def _next_clusters(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def _next_clusters(self, count: int) -> np.ndarray:
         """The next ``count`` draws of the round stream, skipping clusters without quota.
 
         Returns:
-            ``clusters`` int64[c] and ``ordinal`` int64[c]: the draw is the ``ordinal``-th from its
-            cluster since the start of the run; ``c = count``, or fewer when the pool runs out and
-            the policy :meth:`_stops_when_exhausted`. ``self._exposure`` is advanced.
+            ``clusters`` int64[c], a view of a buffer the next call overwrites; ``c = count``, or fewer
+            when the pool runs out and the policy :meth:`_stops_when_exhausted`. ``self._exposure`` is
+            advanced; the t-th draw of cluster c here is its draw number (exposure before the call) + t.
         """
-        clusters: list[np.ndarray] = []
-        ordinals: list[np.ndarray] = []
+        if self._clusters_buffer.size < count:
+            self._clusters_buffer = np.empty(count, np.int64)
+        clusters = self._clusters_buffer[:count]
         exposure = self._exposure  # advanced in place; a round holds each cluster at most once
         need = count
         if not self._round_mask.any():  # the pool ran out at the end of the last draw: raise or reset now
@@ -105,8 +113,7 @@ class UniformSampler(Sampler):
             quota = self._quota(exposure)
             ok_at = np.arange(min(need, rest.size)) if quota is None else np.flatnonzero(quota[rest] > 0)
             take = rest[ok_at[:need]]
-            clusters.append(take)
-            ordinals.append(exposure[take])
+            clusters[count - need:count - need + take.size] = take
             exposure[take] += 1
             need -= take.size
             if need == 0:
@@ -116,23 +123,21 @@ class UniformSampler(Sampler):
                 self._start_round(self._round + 1, defer_exhaustion=True)  # a short last block; the next draw raises
                 break
             self._start_round(self._round + 1)
-            # whole rounds that no clip can interrupt are drawn in one vectorised block
+            # whole rounds that no clip can interrupt are drawn in one kernel call
             active = np.flatnonzero(self._round_mask)
             rounds = need // active.size
             if quota is not None and rounds:
                 rounds = min(rounds, int(self._quota(exposure)[active].min()))
             if rounds:
-                block = self._rounds(self._round, rounds)
-                clusters.append(block)
-                ordinals.append(exposure[block] + np.repeat(np.arange(rounds), active.size))
+                self._rounds(self._round, rounds, out=clusters[count - need:count - need + rounds * active.size])
                 exposure[active] += rounds
-                need -= block.size
+                need -= rounds * active.size
                 # the next round; if this block is complete (or may end short), an exhausted pool is
                 # handled on the next draw
                 self._start_round(self._round + rounds, defer_exhaustion=need == 0 or self._stops_when_exhausted())
                 if need and not self._round_mask.any():
                     break  # a short last block; the next draw raises
-        return np.concatenate(clusters), np.concatenate(ordinals)
+        return clusters[:count - need]
 
     def _start_round(self, index: int, defer_exhaustion: bool = False) -> None:
         """Begin round ``index`` over the clusters that still have quota."""
@@ -145,9 +150,23 @@ class UniformSampler(Sampler):
             self._on_no_active_cluster()  # raises, or resets the clip counters
             self._round_mask = self.sizes > 0
 
-    def _iid_clusters(self, rng: np.random.Generator, weights: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """``count`` i.i.d. draws with probability proportional to ``weights`` (float[K]), never more
-        than a cluster's quota; same return contract as :meth:`_next_clusters`."""
+    def _round_documents(self, count: int) -> np.ndarray:
+        """int64[c] documents of the next ``count`` draws of the round stream (:meth:`_next_clusters`)."""
+        before = self._exposure.copy()
+        clusters = self._next_clusters(count)
+        docs = np.empty(clusters.size, np.int64)
+        kernels.pass_stream(clusters, before, self.sizes, self._starts, self._members, self._pass_key, docs)
+        return docs
+
+    def _iid_documents(self, rng: np.random.Generator, weights: np.ndarray, count: int) -> np.ndarray:
+        """int64[c] documents of ``count`` i.i.d. cluster draws with probability proportional to
+        ``weights`` (float[K]), never more than a cluster's quota (``c < count`` as in
+        :meth:`_next_clusters`); ``self._exposure`` is advanced.
+
+        The draws are counted per cluster (``rng.multinomial``), laid out by cluster — cluster c's
+        draw numbers ``e_c, e_c + 1, …`` in turn — and put in the order ``rng.permutation`` gives
+        (:func:`~ccexp.sampling.kernels.shuffle_like_numpy` replays it on the documents themselves).
+        ``rng`` is used up."""
         counts = np.zeros(self.num_clusters, dtype=np.int64)
         need = count
         while need:
@@ -165,24 +184,15 @@ class UniformSampler(Sampler):
                 extra = np.minimum(extra, quota.clip(min=0))
             counts += extra
             need -= int(extra.sum())
-        clusters = np.repeat(np.arange(self.num_clusters), counts)
-        first = np.repeat(np.cumsum(counts) - counts, counts)
-        ordinal = self._exposure[clusters] + (np.arange(clusters.size) - first)
+        docs = np.empty(int(counts.sum()), np.int64)
+        kernels.grouped_documents(counts, self._exposure, self.sizes, self._starts, self._members, self._pass_key,
+                                  docs)
         self._exposure += counts
-        order = rng.permutation(clusters.size)
-        return clusters[order], ordinal[order]
-
-    def _documents(self, clusters: np.ndarray, ordinal: np.ndarray) -> np.ndarray:
-        """Document of each draw: position ``ordinal mod n_c`` of pass ``ordinal div n_c``'s permutation
-        of cluster c's members."""
-        n = self.sizes[clusters]
-        pass_idx = ordinal // n
-        pos = affine_permute(ordinal - pass_idx * n, n, pass_hash(self._pass_key, clusters, pass_idx))
-        pos += self._starts[clusters]
-        return self._members[pos].astype(np.int64)
+        kernels.shuffle_like_numpy(rng, docs)
+        return docs
 
     def _draw(self, lane: int) -> np.ndarray:
-        return self._documents(*self._next_clusters(self.block_size))
+        return self._round_documents(self.block_size)
 
     def max_repetition(self) -> int:
         if self.clip is not None:

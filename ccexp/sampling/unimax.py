@@ -67,8 +67,8 @@ class UniMaxSampler(UniformSampler):
                          token_budget=token_budget,
                          clip=RepetitionClip(np.asarray(sizes), int(max_epochs), on_exhausted, setting="sampler.max_epochs"))
         self.max_epochs = int(max_epochs)
-        tokens = (np.ones(self.num_documents, np.int64) if self.document_tokens is None else self.document_tokens)
-        cluster_tokens = np.bincount(self.labels, weights=tokens, minlength=self.num_clusters)
+        cluster_tokens = (self.sizes.astype(np.float64) if self.document_tokens is None  # one token per document
+                          else np.bincount(self.labels, weights=self.document_tokens, minlength=self.num_clusters))
         budget = self.token_budget if self.token_budget is not None else float(cluster_tokens.sum())
         self.allocation = unimax_allocation(cluster_tokens, min(budget, self.max_epochs * cluster_tokens.sum()),
                                             self.max_epochs)
@@ -82,4 +82,4 @@ class UniMaxSampler(UniformSampler):
 
     def _draw(self, lane: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, _UNIMAX_STREAM, self._blocks])
-        return self._documents(*self._iid_clusters(rng, self._pi, self.block_size))
+        return self._iid_documents(rng, self._pi, self.block_size)
