@@ -95,11 +95,12 @@ def use_gpu(device: str) -> bool:
 
 
 def train_centroids(x: np.ndarray, k: int, *, niter: int, seed: int, spherical: bool = True, nredo: int = 1,
-                    gpu: bool = False, verbose: bool = False, progress_every_s: float = 10.0) -> tuple[np.ndarray, float]:
+                    gpu: bool = False, verbose: bool = False,
+                    progress_every_s: float | None = 10.0) -> tuple[np.ndarray, float]:
     """FAISS k-means on all rows of ``x`` (float32[n, d], n >= k); returns centroids float32[k, d] and the
     final objective. Lloyd iterations run in chunks, each continuing from the last centroids, so a
     long clustering logs a progress line (iteration, objective, ETA) at least every
-    ``progress_every_s`` seconds.
+    ``progress_every_s`` seconds; None runs them in one call, silently (small problems).
 
     Raises:
         CcexpError: if ``x`` holds NaN or inf.
@@ -111,7 +112,7 @@ def train_centroids(x: np.ndarray, k: int, *, niter: int, seed: int, spherical: 
     x = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x).all():
         raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
-    chunk = max(1, niter // 10)
+    chunk = niter if progress_every_s is None else max(1, niter // 10)
     centroids, objective, done = None, float("nan"), 0
     t0 = last = time.perf_counter()
     while done < niter:
@@ -123,7 +124,7 @@ def train_centroids(x: np.ndarray, k: int, *, niter: int, seed: int, spherical: 
         centroids, done = km.centroids.copy(), done + step
         objective = float(km.obj[-1]) if len(km.obj) else objective
         now = time.perf_counter()
-        if now - last >= progress_every_s and done < niter:
+        if progress_every_s is not None and now - last >= progress_every_s and done < niter:
             last = now
             log.info("cluster: k-means iteration %d/%d, objective %.5g, %.0f s, ETA %.0f s", done, niter, objective,
                      now - t0, (now - t0) / done * (niter - done))
