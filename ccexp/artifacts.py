@@ -45,6 +45,18 @@ def file_digest(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()[:16]
 
 
+def path_digest(path: Path) -> str:
+    """:func:`file_digest` of a file; of a folder (a ``datasets`` folder), SHA-256 (16 hex digits) over its
+    files' relative paths and digests, in sorted order."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_digest(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path).as_posix()}:{file_digest(f)}\n".encode())
+    return h.hexdigest()[:16]
+
+
 class StageStore:
     """Stage outputs under ``root/<stage>/<fingerprint>/``; see the module docstring."""
 

@@ -156,16 +156,18 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    _target_: str = "ccexp.data.corpus.read_corpus"
+    _target_: str = "ccexp.data.corpus.CorpusReader"
     name: str = MISSING
-    path: str = MISSING  # a .jsonl(.gz) / .parquet file, or "builtin"
-    format: str = "auto"  # auto | jsonl | parquet
+    path: str = MISSING  # a .jsonl(.gz) / .parquet file, a datasets folder (save_to_disk), or "builtin"
+    format: str = "auto"  # auto | jsonl | parquet | hf_disk
+    split: str = "train"  # the split of a datasets folder holding a DatasetDict
     text_field: str = "text"
     id_field: Optional[str] = "id"
     label_fields: list[str] = field(default_factory=list)
     drop_empty: bool = True
     max_documents: Optional[int] = ge(1, None)
     heldout_fraction: float = 0.05  # in (0, 1): documents held out by a hash of their id
+    shard_documents: int = ge(1, 100_000)  # documents per corpus shard: the unit of reading, tokenizing and resume
     # instruction data: text_field is the prompt, this field the response; only response tokens are trained on
     response_field: Optional[str] = None
 
@@ -226,6 +228,22 @@ class HierarchicalConfig:
     sampling: str = "closest"  # closest | random
     max_points_per_centroid: int = ge(1, 256)
     spherical: bool = True
+    assign_batch: int = 65536
+    device: str = "auto"
+    verbose: bool = False
+
+
+@dataclass
+class TwoLevelConfig:
+    _target_: str = "ccexp.clustering.two_level.TwoLevelKMeans"
+    name: str = "two_level"
+    k: int = ge(1, 1024)  # fine clusters
+    coarse_k: Optional[int] = ge(1, None)  # coarse cells; null = round(sqrt(k))
+    niter: int = ge(1, 20)
+    seed: int = "${seed}"  # type: ignore[assignment]
+    max_points_per_centroid: int = ge(1, 256)
+    spherical: bool = True
+    nprobe: int = ge(1, 1)  # coarse cells searched per document when assigning (coarse_k: exact)
     assign_batch: int = 65536
     device: str = "auto"
     verbose: bool = False
@@ -458,7 +476,8 @@ class RootConfig:
 GROUP_SCHEMAS = [
     ("data", "data", DataConfig), ("embedder", "sentence", EmbedderConfig),
     ("embedder", "gradient_proxy", GradientProxyConfig), ("clusterer", "kmeans", KMeansConfig),
-    ("clusterer", "hierarchical", HierarchicalConfig), ("clusterer", "labels", LabelGroupsConfig),
+    ("clusterer", "hierarchical", HierarchicalConfig), ("clusterer", "two_level", TwoLevelConfig),
+    ("clusterer", "labels", LabelGroupsConfig),
     ("sampler", "random", RandomConfig), ("sampler", "uniform", UniformConfig), ("sampler", "clusterclip", ClusterClipConfig),
     ("sampler", "temperature", TemperatureConfig), ("sampler", "unimax", UniMaxConfig),
     ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),

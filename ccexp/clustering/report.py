@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ccexp.clustering.selection import closest_per_cluster
+from ccexp.data.corpus import take
 from ccexp.names import markdown_cell
 
 
@@ -103,12 +104,13 @@ def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray
     plt.close(fig)
 
     nearest = nearest_documents(labels, similarity, train_mask, int(sizes.size), samples_per_cluster)
+    shown = [c for c in np.argsort(-sizes, kind="stable")[:max_clusters] if sizes[c] > 0]
+    wanted = np.unique(np.concatenate([nearest[c] for c in shown] + [np.zeros(0, np.int64)])).astype(np.int64)
+    text_of = dict(zip(wanted.tolist(), take(texts, wanted)))  # one read per row group of a sharded corpus
     rows = []
-    for c in np.argsort(-sizes, kind="stable")[:max_clusters]:
-        if sizes[c] == 0:
-            continue
+    for c in shown:
         docs = nearest[c]
-        samples = [" ".join(texts[d].split())[:chars] for d in docs]
+        samples = [" ".join(text_of[int(d)].split())[:chars] for d in docs]
         tags = [f"{name}: {u[a[c]]} ({m[c] / sizes[c]:.0%})" for name, (u, a, m) in majority.items()]
         rows.append((int(c), int(sizes[c]), "; ".join(tags), samples))
     head = ["| cluster | size | majority label | nearest to centroid |", "|---:|---:|---|---|"]

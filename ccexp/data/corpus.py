@@ -12,6 +12,7 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -24,11 +25,14 @@ BUILTIN_PATH = Path(__file__).parent / "builtin" / "debmix_mini.jsonl.gz"
 
 @dataclass
 class Corpus:
-    """Column-wise documents. ``heldout`` is bool[N], True for held-out documents (see :func:`split_heldout`)."""
+    """Column-wise documents. ``ids``, ``texts`` and each ``labels`` value are sequences of N str — lists
+    in memory (:func:`read_corpus`), or columns of the corpus stage's Parquet shards read on demand
+    (:class:`ccexp.data.store.ShardColumn`); take many of them with :func:`take`. ``heldout`` is bool[N],
+    True for held-out documents (see :func:`split_heldout`)."""
 
-    ids: list[str]
-    texts: list[str]
-    labels: dict[str, list[str]] = field(default_factory=dict)
+    ids: Sequence[str]
+    texts: Sequence[str]
+    labels: dict[str, Sequence[str]] = field(default_factory=dict)
     heldout: np.ndarray | None = None
     # instruction data: int64[N] characters of each text that are its prompt (text = prompt + response);
     # only the response is trained on. None for plain documents.
@@ -38,14 +42,31 @@ class Corpus:
         return len(self.texts)
 
 
+def take(column: Sequence[str], docs) -> list[str]:
+    """``[column[d] for d in docs]``, reading a shard-backed column once per row group it touches."""
+    if hasattr(column, "take"):
+        return column.take(docs)
+    return [column[int(d)] for d in docs]
+
+
 def detect_format(path: Path) -> str:
+    """``jsonl``, ``parquet`` or ``hf_disk`` (a folder written by ``datasets``' ``save_to_disk``) from the path.
+
+    Raises:
+        CcexpError: for a name or folder it cannot tell.
+    """
+    if path.is_dir():
+        if any((path / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
+            return "hf_disk"
+        raise CcexpError(f"data.path={str(path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or .parquet "
+                         "file, or a datasets folder (save_to_disk) with data.format=hf_disk")
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz", ".json.gz", ".ndjson", ".ndjson.gz")):
         return "jsonl"
     if name.endswith(".parquet"):
         return "parquet"
     raise CcexpError(f"data.path={str(path)!r}: cannot tell the format from the name; use a .jsonl, "
-                     ".jsonl.gz or .parquet file, or set data.format=jsonl|parquet")
+                     ".jsonl.gz or .parquet file, or set data.format=jsonl|parquet|hf_disk")
 
 
 def _iter_jsonl(path: Path):
@@ -87,7 +108,7 @@ def _iter_parquet(path: Path, columns: list[str]):
         raise CcexpError(f"{path}: has no column {missing[0]!r}; columns are {pf.schema_arrow.names}; "
                          "set data.text_field / data.id_field / data.label_fields accordingly")
     row = 0
-    batches = pf.iter_batches(columns=columns, batch_size=65536)
+    batches = pf.iter_batches(columns=columns, batch_size=8192)
     while True:
         try:
             batch = next(batches, None)
@@ -102,50 +123,109 @@ def _iter_parquet(path: Path, columns: list[str]):
             yield row, {c: cols[c][i] for c in columns}
 
 
-def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "text", id_field: str | None = "id",
-                label_fields: list[str] | None = None, drop_empty: bool = True,
-                max_documents: int | None = None, response_field: str | None = None) -> Corpus:
-    """Read documents from a JSON-lines (optionally gzip) or Parquet file.
+@dataclass
+class CorpusBatch:
+    """Up to ``documents`` validated documents, column-wise: ``ids``, ``texts`` (str lists of one length),
+    ``labels`` (name -> str list) and ``prompt_chars`` (int list; None for plain documents)."""
+
+    ids: list[str]
+    texts: list[str]
+    labels: dict[str, list[str]]
+    prompt_chars: list[int] | None
+
+
+class CorpusReader:
+    """A corpus on disk, read in batches: a JSON-lines file (optionally gzip), a Parquet file, or a
+    Hugging Face ``datasets`` folder written by ``save_to_disk`` (``format=hf_disk``: read with
+    ``datasets.load_from_disk``, memory-mapped Arrow, never downloaded). Memory stays bounded by one
+    batch: :meth:`batches` is what the corpus stage streams into its Parquet shards; :meth:`read`
+    collects everything for small corpora and tests.
 
     Args:
-        path: the file.
-        format: ``auto`` (from the suffix), ``jsonl`` or ``parquet``.
+        path: the file or folder.
+        format: ``auto`` (from the suffix, or a ``datasets`` folder), ``jsonl``, ``parquet`` or ``hf_disk``.
         text_field: the field holding the document text (str).
         id_field: the field holding a unique document id; None or absent -> ``row-<n>``.
         label_fields: optional string label fields (e.g. ``["domain"]``) kept for evaluation.
         drop_empty: drop documents whose text is empty or whitespace (logged); else raise.
         max_documents: keep only this many documents, chosen by the smallest hash of their id (a
-            deterministic subsample that keeps the corpus mix in expectation).
+            deterministic subsample that keeps the corpus mix in expectation; costs a second read).
         response_field: instruction data (supervised fine-tuning): ``text_field`` holds the prompt and
-            this field the response; a document is prompt + response, and ``Corpus.prompt_chars``
-            marks where the response starts (only response tokens are trained on).
+            this field the response; a document is prompt + response, and ``prompt_chars`` marks where
+            the response starts (only response tokens are trained on).
+        split: the split of a ``datasets`` folder holding a ``DatasetDict``.
 
     Raises:
-        CcexpError: missing file, unknown format, invalid UTF-8 or JSON, a missing or non-string
-            text field, empty documents with ``drop_empty=False``, or no documents left.
+        CcexpError: a missing path, a folder that is not a ``datasets`` folder, or an unknown format.
     """
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise CcexpError(f"data.path={str(path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or .parquet file")
-    if not path.is_file():
-        raise CcexpError(f"data.path={str(path)!r} does not exist; point data.path at a .jsonl, .jsonl.gz or "
-                         ".parquet file")
-    fmt = detect_format(path) if format == "auto" else format
-    label_fields = list(label_fields or [])
-    if fmt == "jsonl":
-        records = _iter_jsonl(path)
-    elif fmt == "parquet":
-        records = _iter_parquet(path, [text_field] + ([response_field] if response_field else [])
-                                + ([id_field] if id_field else []) + label_fields)
-    else:
-        raise CcexpError(f"data.format={fmt!r} is not an option; use auto, jsonl or parquet")
 
-    ids: list[str] = []
-    texts: list[str] = []
-    prompt_chars: list[int] = []
-    labels: dict[str, list[str]] = {name: [] for name in label_fields}
-    empty = 0
-    for row, rec in records:
+    def __init__(self, path: str | Path, *, format: str = "auto", text_field: str = "text",
+                 id_field: str | None = "id", label_fields: list[str] | None = None, drop_empty: bool = True,
+                 max_documents: int | None = None, response_field: str | None = None, split: str = "train"):
+        self.path = Path(path).expanduser()
+        if not self.path.exists():
+            raise CcexpError(f"data.path={str(self.path)!r} does not exist; point data.path at a .jsonl, .jsonl.gz or "
+                             ".parquet file, or a Hugging Face datasets folder (save_to_disk)")
+        self.format = detect_format(self.path) if format == "auto" else format
+        if self.format not in ("jsonl", "parquet", "hf_disk"):
+            raise CcexpError(f"data.format={self.format!r} is not an option; use auto, jsonl, parquet or hf_disk")
+        if self.path.is_dir() != (self.format == "hf_disk"):
+            raise CcexpError(f"data.path={str(self.path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or "
+                             ".parquet file, or a datasets folder with data.format=hf_disk" if self.path.is_dir() else
+                             f"data.format=hf_disk needs a datasets folder (save_to_disk), but {str(self.path)!r} is a "
+                             "file; use data.format=auto")
+        self.text_field, self.id_field, self.label_fields = text_field, id_field, list(label_fields or [])
+        self.drop_empty, self.max_documents, self.response_field = drop_empty, max_documents, response_field
+        self.split = split
+
+    def _records(self):
+        columns = ([self.text_field] + ([self.response_field] if self.response_field else [])
+                   + ([self.id_field] if self.id_field else []) + self.label_fields)
+        if self.format == "jsonl":
+            return _iter_jsonl(self.path)
+        if self.format == "parquet":
+            return _iter_parquet(self.path, columns)
+        return _iter_hf_disk(self.path, columns, self.split, optional=[self.id_field] if self.id_field else [])
+
+    def _validated(self, documents: int) -> Iterator[CorpusBatch]:
+        """Every non-empty document, validated, in batches of ``documents``.
+
+        Raises:
+            CcexpError: a missing or non-string text field, empty documents with ``drop_empty=False``,
+                or no documents at all.
+        """
+        batch, empty, total = self._new_batch(), 0, 0
+        for row, rec in self._records():
+            text, prompt = self._text(row, rec)
+            if text is None:
+                empty += 1
+                continue
+            doc_id = rec.get(self.id_field) if self.id_field else None
+            batch.ids.append(str(doc_id) if doc_id is not None else f"row-{row}")
+            batch.texts.append(text)
+            if batch.prompt_chars is not None:
+                batch.prompt_chars.append(len(prompt))
+            for name in self.label_fields:
+                value = rec.get(name)
+                batch.labels[name].append("(none)" if value is None or value == "" else str(value))
+            if len(batch.texts) == documents:
+                total += documents
+                yield batch
+                batch = self._new_batch()
+        if empty:
+            log.warning("corpus: dropped %d empty document(s) from %s", empty, self.path)
+        if not total and not batch.texts:
+            raise CcexpError(f"{self.path}: no non-empty documents in field {self.response_field or self.text_field!r}"
+                             + ("; every response is empty" if self.response_field else ""))
+        if batch.texts:
+            yield batch
+
+    def _new_batch(self) -> CorpusBatch:
+        return CorpusBatch([], [], {name: [] for name in self.label_fields}, [] if self.response_field else None)
+
+    def _text(self, row: int, rec: dict) -> tuple[str | None, str]:
+        """The document (prompt + response for instruction data) and its prompt; None for an empty one."""
+        path, text_field = self.path, self.text_field
         if text_field not in rec:
             raise CcexpError(f"{path}: record {row} has no field {text_field!r} (fields: {sorted(rec)}); set "
                              f"data.text_field to the field that holds the text")
@@ -159,31 +239,99 @@ def read_corpus(path: str | Path, *, format: str = "auto", text_field: str = "te
             raise CcexpError(f"{path}: record {row} field {text_field!r} holds a lone surrogate (an escaped "
                              "\\ud800-\\udfff without its pair), which is not valid Unicode; fix that record") from None
         prompt = text
-        if response_field:
-            response = _response(path, row, rec, response_field)
+        if self.response_field:
+            response = _response(path, row, rec, self.response_field)
             text = prompt + response
-        if not (response.strip() if response_field else text.strip()):
-            if not drop_empty:
-                raise CcexpError(f"{path}: record {row} has an empty {response_field or text_field!r}; remove it "
+        if not (response.strip() if self.response_field else text.strip()):
+            if not self.drop_empty:
+                raise CcexpError(f"{path}: record {row} has an empty {self.response_field or text_field!r}; remove it "
                                  "or set data.drop_empty=true")
-            empty += 1
-            continue
-        doc_id = rec.get(id_field) if id_field else None
-        ids.append(str(doc_id) if doc_id is not None else f"row-{row}")
-        texts.append(text)
-        prompt_chars.append(len(prompt))
-        for name in label_fields:
-            value = rec.get(name)
-            labels[name].append("(none)" if value is None or value == "" else str(value))
-    if empty:
-        log.warning("corpus: dropped %d empty document(s) from %s", empty, path)
-    if not texts:
-        raise CcexpError(f"{path}: no non-empty documents in field {response_field or text_field!r}"
-                         + ("; every response is empty" if response_field else ""))
-    corpus = Corpus(ids, texts, labels, prompt_chars=np.asarray(prompt_chars, dtype=np.int64) if response_field else None)
-    if max_documents is not None and max_documents < len(corpus):
-        corpus = subset(corpus, np.sort(np.argsort(id_hash(corpus.ids, "subsample"))[:max_documents]))
-    return corpus
+            return None, prompt
+        return text, prompt
+
+    def batches(self, documents: int = 65536) -> Iterator[CorpusBatch]:
+        """The corpus in batches of ``documents`` (the last may be shorter), after ``max_documents``.
+
+        Raises:
+            CcexpError: see :meth:`_validated` and the format readers.
+        """
+        if self.max_documents is None:
+            yield from self._validated(documents)
+            return
+        hashes = np.concatenate([id_hash(b.ids, "subsample") for b in self._validated(65536)])
+        keep = np.zeros(hashes.size, dtype=bool)
+        keep[np.argsort(hashes, kind="stable")[:self.max_documents]] = True
+        out, seen = self._new_batch(), 0
+        for b in self._validated(65536):
+            for k in np.flatnonzero(keep[seen:seen + len(b.texts)]):
+                _append(out, b, int(k))
+                if len(out.texts) == documents:
+                    yield out
+                    out = self._new_batch()
+            seen += len(b.texts)
+        if out.texts:
+            yield out
+
+    def read(self) -> Corpus:
+        """The whole corpus in memory (small corpora and tests; the corpus stage streams :meth:`batches`)."""
+        ids, texts, prompt_chars = [], [], []
+        labels: dict[str, list[str]] = {name: [] for name in self.label_fields}
+        for b in self.batches():
+            ids += b.ids
+            texts += b.texts
+            prompt_chars += b.prompt_chars or []
+            for name in labels:
+                labels[name] += b.labels[name]
+        return Corpus(ids, texts, labels,
+                      prompt_chars=np.asarray(prompt_chars, dtype=np.int64) if self.response_field else None)
+
+
+def _append(out: CorpusBatch, b: CorpusBatch, k: int) -> None:
+    out.ids.append(b.ids[k])
+    out.texts.append(b.texts[k])
+    if out.prompt_chars is not None:
+        out.prompt_chars.append(b.prompt_chars[k])
+    for name in out.labels:
+        out.labels[name].append(b.labels[name][k])
+
+
+def _iter_hf_disk(path: Path, columns: list[str], split: str, optional: list[str]):
+    """Records of a Hugging Face ``datasets`` folder (``save_to_disk``), read in Arrow record batches."""
+    try:
+        import datasets
+    except ImportError:
+        raise CcexpError("data.format=hf_disk needs the `datasets` package; pip install datasets") from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise CcexpError(f"{path}: not a readable datasets folder ({str(e).splitlines()[0][:120]}); write it with "
+                         "Dataset.save_to_disk") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise CcexpError(f"{path}: the datasets folder has splits {sorted(ds)}, not data.split={split!r}; set "
+                             "data.split to one of them")
+        ds = ds[split]
+    present = [c for c in columns if c in ds.column_names]
+    missing = [c for c in columns if c not in ds.column_names and c not in optional]
+    if missing:
+        raise CcexpError(f"{path}: has no column {missing[0]!r}; columns are {ds.column_names}; set data.text_field / "
+                         "data.id_field / data.label_fields accordingly")
+    row = 0
+    for table in ds.select_columns(present).with_format("arrow").iter(batch_size=8192):
+        cols = table.to_pydict()
+        for i in range(table.num_rows):
+            row += 1
+            yield row, {c: cols[c][i] for c in present}
+
+
+def read_corpus(path: str | Path, **options) -> Corpus:
+    """Read a whole corpus into memory: ``CorpusReader(path, **options).read()`` (see :class:`CorpusReader`).
+
+    Raises:
+        CcexpError: missing file, unknown format, invalid UTF-8 or JSON, a missing or non-string
+            text field, empty documents with ``drop_empty=False``, or no documents left.
+    """
+    return CorpusReader(path, **options).read()
 
 
 def _response(path: Path, row: int, rec: dict, response_field: str) -> str:
@@ -211,24 +359,28 @@ def id_hash(ids: list[str], salt: str) -> np.ndarray:
     return out
 
 
-def split_heldout(ids: list[str], fraction: float, salt: str = "ccexp-heldout") -> np.ndarray:
+def check_heldout_fraction(fraction: float) -> None:
+    """Raises CcexpError unless ``fraction`` is in (0, 1)."""
+    if not 0.0 < fraction < 1.0:
+        raise CcexpError(f"data.heldout_fraction must be in (0, 1), got {fraction}")
+
+
+def check_split(held: int, documents: int, fraction: float) -> None:
+    """Raises CcexpError if ``held`` of ``documents`` held out leaves a side empty."""
+    if held in (0, documents):
+        raise CcexpError(f"data.heldout_fraction={fraction} leaves no training or no held-out documents among "
+                         f"{documents}; use a larger corpus or another fraction")
+
+
+def split_heldout(ids: Sequence[str], fraction: float, salt: str = "ccexp-heldout") -> np.ndarray:
     """bool[N]: True for held-out documents. Decided by a hash of each document id, so the same
-    documents are held out for every sampler, seed and model.
+    documents are held out for every sampler, seed and model (and for any sharding of the corpus:
+    the corpus stage calls :func:`id_hash` shard by shard, then :func:`check_split`).
 
     Raises:
         CcexpError: if ``fraction`` is not in (0, 1) or the split leaves a side empty.
     """
-    if not 0.0 < fraction < 1.0:
-        raise CcexpError(f"data.heldout_fraction must be in (0, 1), got {fraction}")
+    check_heldout_fraction(fraction)
     heldout = id_hash(ids, salt) < fraction
-    if heldout.all() or not heldout.any():
-        raise CcexpError(f"data.heldout_fraction={fraction} leaves no training or no held-out documents among "
-                         f"{len(ids)}; use a larger corpus or another fraction")
+    check_split(int(heldout.sum()), heldout.size, fraction)
     return heldout
-
-
-def subset(corpus: Corpus, index: np.ndarray) -> Corpus:
-    return Corpus([corpus.ids[i] for i in index], [corpus.texts[i] for i in index],
-                  {k: [v[i] for i in index] for k, v in corpus.labels.items()},
-                  None if corpus.heldout is None else corpus.heldout[index],
-                  None if corpus.prompt_chars is None else corpus.prompt_chars[index])

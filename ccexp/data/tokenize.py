@@ -3,7 +3,10 @@ corpus tokenization into a flat token array with offsets."""
 from __future__ import annotations
 
 import logging
+import os
+import time
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Iterable
 
@@ -94,20 +97,27 @@ def separator_id(tok, separator: str | None = None) -> int:
     return int(tok.eos_token_id)
 
 
-def encode_corpus(tok, texts: list[str], batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize every document (no special tokens).
+def encode_corpus(tok, texts: list[str], batch: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize every document (no special tokens), ``batch`` documents at a time: a fast tokenizer's
+    Rust backend (``encode_batch_fast``: no character offsets; the same ids as ``tok(texts)``), else
+    ``tok`` itself. Memory is one batch's encodings, not the corpus's.
 
     Returns:
         ``tokens`` int32[T] (all documents concatenated) and ``offsets`` int64[N+1] such that
         document d is ``tokens[offsets[d]:offsets[d+1]]``.
     """
+    backend = getattr(tok, "backend_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)
     pieces: list[np.ndarray] = []
     lengths = np.zeros(len(texts), dtype=np.int64)
     for start in range(0, len(texts), batch):
-        enc = tok(texts[start:start + batch], add_special_tokens=False)["input_ids"]
-        for k, ids in enumerate(enc):
-            lengths[start + k] = len(ids)
-        pieces.append(np.fromiter((t for ids in enc for t in ids), dtype=np.int32))
+        if fast is not None:
+            enc = [e.ids for e in fast(texts[start:start + batch], add_special_tokens=False)]
+        else:
+            enc = tok(texts[start:start + batch], add_special_tokens=False)["input_ids"]
+        lengths[start:start + len(enc)] = [len(ids) for ids in enc]
+        pieces.append(np.fromiter(chain.from_iterable(enc), dtype=np.int32,
+                                  count=int(lengths[start:start + len(enc)].sum())))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
     return tokens, offsets
@@ -133,3 +143,74 @@ def encode_instructions(tok, texts: list[str], prompt_chars: np.ndarray) -> tupl
     d_r = np.repeat(np.arange(len(texts)), r_len)
     tokens[offsets[d_r] + p_len[d_r] + (np.arange(r_tok.size) - r_off[d_r])] = r_tok
     return tokens, offsets, p_len.astype(np.int64)
+
+
+def tokenize_shards(tok, texts, prompt_chars: np.ndarray | None, work_dir: Path, *, shard_documents: int,
+                    rank: int = 0, world_size: int = 1) -> dict:
+    """Tokenize this rank's unfinished shards (documents ``[i·S, (i+1)·S)``, ``S = shard_documents``; rank r
+    takes shards ``i ≡ r (mod W)``) into ``work_dir``: ``tokens-<i>.npy`` (int32), ``lengths-<i>.npy``
+    (int64 tokens per document) and, for instruction data, ``prompt-<i>.npy`` (int64 prompt tokens),
+    then a ``tokens-<i>.done`` marker — so a killed run resumes with the unfinished shards, and memory is
+    one shard's tokens whatever the corpus size.
+
+    Args:
+        tok: a Hugging Face tokenizer; texts: N documents (a list or a shard-backed column, sliced per shard);
+        prompt_chars: int64[N] prompt characters of instruction documents, or None.
+
+    Returns:
+        ``{"tokenized": [...], "skipped": [...]}``: the shard numbers done now and found done.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    n_shards = -(-len(texts) // shard_documents)
+    mine = list(range(rank, n_shards, world_size))
+    skipped = [i for i in mine if (work_dir / f"tokens-{i:06d}.done").is_file()]
+    todo = [i for i in mine if i not in set(skipped)]
+    if skipped:
+        log.info("tokenize: resuming, %d of %d shards already done", len(skipped), len(mine))
+    t0, docs, toks = time.perf_counter(), 0, 0
+    for n, i in enumerate(todo, start=1):
+        a, b = i * shard_documents, min(len(texts), (i + 1) * shard_documents)
+        part = texts[a:b]
+        if prompt_chars is None:
+            tokens, offsets = encode_corpus(tok, part)
+        else:
+            tokens, offsets, prompt = encode_instructions(tok, part, prompt_chars[a:b])
+            _save(work_dir / f"prompt-{i:06d}.npy", prompt)
+        _save(work_dir / f"tokens-{i:06d}.npy", tokens)
+        _save(work_dir / f"lengths-{i:06d}.npy", np.diff(offsets))
+        (work_dir / f"tokens-{i:06d}.done").write_text(f"{b - a}\n")
+        docs, toks = docs + b - a, toks + tokens.size
+        rate = docs / max(time.perf_counter() - t0, 1e-9)
+        log.info("tokenize: shard %d/%d%s, %s documents, %s tokens, %.0f docs/s", n, len(todo),
+                 f" (rank {rank})" if world_size > 1 else "", f"{docs:,}", f"{toks:,}", rate)
+    return {"tokenized": todo, "skipped": skipped}
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    """Write ``array`` to ``path`` whole or not at all (a temporary name, then a rename)."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+def assemble_tokens(work_dir: Path, n_docs: int, shard_documents: int, out_dir: Path) -> dict:
+    """Join the shards of :func:`tokenize_shards` into ``out_dir``: ``tokens.npy`` (int32[T], appended one
+    shard at a time), ``offsets.npy`` (int64[N+1]) and, for instruction data,
+    ``prompt_tokens.npy`` (int64[N]).
+
+    Returns:
+        ``{"documents": N, "tokens": T}``.
+    """
+    n_shards = -(-n_docs // shard_documents)
+    lengths = np.concatenate([np.load(work_dir / f"lengths-{i:06d}.npy") for i in range(n_shards)])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    with open(out_dir / "tokens.npy", "wb") as f:  # plain writes: a memory map's dirty pages would count as RSS
+        np.lib.format.write_array_header_2_0(f, {"descr": np.dtype(np.int32).str, "fortran_order": False,
+                                                 "shape": (int(offsets[-1]),)})
+        for i in range(n_shards):
+            np.load(work_dir / f"tokens-{i:06d}.npy").astype(np.int32, copy=False).tofile(f)
+    np.save(out_dir / "offsets.npy", offsets)
+    if (work_dir / "prompt-000000.npy").is_file():
+        np.save(out_dir / "prompt_tokens.npy",
+                np.concatenate([np.load(work_dir / f"prompt-{i:06d}.npy") for i in range(n_shards)]))
+    return {"documents": n_docs, "tokens": int(offsets[-1])}

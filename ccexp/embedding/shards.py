@@ -92,12 +92,19 @@ def _marker(work_dir: Path, i: int) -> dict:
     return json.loads(text) if text.startswith("{") else {"rows": int(text)}
 
 
-def wait_for_shards(work_dir: Path, n_shards: int, timeout_s: float = 7 * 24 * 3600, poll_s: float = 5.0) -> None:
-    """Block until every shard's marker exists (other ranks may still be embedding)."""
+def wait_for_shards(work_dir: Path, n_shards: int, timeout_s: float = 7 * 24 * 3600, poll_s: float = 5.0, *,
+                    marker: str = "shard-{:06d}.done", stage: str = "embed") -> None:
+    """Block until every shard's marker (``marker.format(i)`` in ``work_dir``) exists: other ranks may still
+    be working on theirs (a file-system barrier).
+
+    Raises:
+        CcexpError: if they do not all appear within ``timeout_s``.
+    """
     deadline = time.monotonic() + timeout_s
-    while not all(done_marker(work_dir, i).is_file() for i in range(n_shards)):
+    while not all((work_dir / marker.format(i)).is_file() for i in range(n_shards)):
         if time.monotonic() > deadline:
-            raise CcexpError(f"embed: shards in {work_dir} did not all finish within {timeout_s:.0f} s; is a rank down?")
+            raise CcexpError(f"{stage}: shards in {work_dir} did not all finish within {timeout_s:.0f} s; is a rank "
+                             "down?")
         time.sleep(poll_s)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from ccexp.data.corpus import Corpus
+from ccexp.data.corpus import Corpus, take
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.evaluation.perplexity import document_nll, summarize
@@ -67,7 +67,7 @@ def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSpl
     t0 = time.perf_counter()
     errors: dict[str, str] = {}
     held = split.heldout_docs
-    held_labels = {k: [v[i] for i in held] for k, v in corpus.labels.items()}
+    held_labels = {k: take(v, held) for k, v in corpus.labels.items()}
     report = isolated("heldout", errors, run_dir, heldout_perplexity, cfg, model, tokenized, split, held_labels,
                       label_names(corpus.labels))
     metrics = dict(report.metrics) if report else {}
@@ -79,7 +79,7 @@ def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSpl
         from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
 
         lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, cfg, model, tokenized.tokenizer,
-                              [corpus.texts[i] for i in held], held_labels, run_dir) or {}
+                              take(corpus.texts, held), held_labels, run_dir) or {}
         metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
         log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
                                           if k.endswith(("/acc", "/word_perplexity"))))

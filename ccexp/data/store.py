@@ -1,0 +1,172 @@
+"""The corpus stage's sharded Parquet store, written and read without holding the corpus in memory.
+
+:func:`write_corpus` streams a :class:`~ccexp.data.corpus.CorpusReader`'s batches into
+``corpus-<i>.parquet`` shards of ``shard_documents`` documents (columns ``id``, ``text``,
+``heldout``, ``prompt_chars`` for instruction data, ``label.<name>``; row groups of
+:data:`ROW_GROUP` documents), deciding the held-out split and the content digest shard by shard.
+:func:`open_corpus` returns a :class:`~ccexp.data.corpus.Corpus` whose ``ids``, ``texts`` and
+labels are :class:`ShardColumn` s: sequences that read one row group at a time (a few row groups are
+cached), so iterating the texts — tokenizer training, tokenization, embedding — stays at one row
+group's memory whatever the corpus size.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ccexp.data.corpus import Corpus, CorpusBatch, check_heldout_fraction, check_split, id_hash
+
+log = logging.getLogger("ccexp")
+
+ROW_GROUP = 8192  # documents per Parquet row group: the unit of a random read
+_SHARD = "corpus-{:06d}.parquet"
+
+
+def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fraction: float,
+                 label_fields: Sequence[str] = ()) -> dict:
+    """Write each batch (one shard's documents) as ``out_dir/corpus-<i>.parquet`` with its held-out flags.
+
+    Args:
+        batches: validated documents, one batch per shard (e.g. ``CorpusReader.batches(shard_documents)``).
+        heldout_fraction: the held-out share in (0, 1), decided per document by a hash of its id.
+        label_fields: the label columns to write.
+
+    Returns:
+        figures: ``documents``, ``heldout``, ``shards``, ``content`` (a 16-hex-digit SHA-256 over every
+        document's id, text and held-out flag, in order: the same for any shard size) and ``label_fields``.
+
+    Raises:
+        CcexpError: from the reader, or if the split leaves no training or no held-out document.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    check_heldout_fraction(heldout_fraction)
+    content, documents, held_total, shards = hashlib.sha256(), 0, 0, 0
+    t0 = last = time.perf_counter()
+    for batch in batches:
+        heldout = id_hash(batch.ids, "ccexp-heldout") < heldout_fraction
+        for doc_id, text, held in zip(batch.ids, batch.texts, heldout):
+            content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
+        columns = {"id": batch.ids, "text": batch.texts, "heldout": heldout}
+        if batch.prompt_chars is not None:
+            prompt_chars = np.asarray(batch.prompt_chars, dtype=np.int64)
+            content.update(prompt_chars.tobytes())
+            columns["prompt_chars"] = prompt_chars
+        columns.update({f"label.{name}": batch.labels[name] for name in label_fields})
+        pq.write_table(pa.table(columns), out_dir / _SHARD.format(shards), row_group_size=ROW_GROUP)
+        shards, documents, held_total = shards + 1, documents + len(batch.texts), held_total + int(heldout.sum())
+        if (now := time.perf_counter()) - last >= 10.0:
+            last = now
+            log.info("corpus: %s documents in %d shards, %.0f docs/s", f"{documents:,}", shards, documents / (now - t0))
+    check_split(held_total, documents, heldout_fraction)
+    (out_dir / "shards.json").write_text(json.dumps({"shards": shards, "documents": documents}))
+    return {"documents": documents, "heldout": held_total, "shards": shards, "content": content.hexdigest()[:16],
+            "label_fields": list(label_fields)}
+
+
+def open_corpus(out_dir: Path) -> Corpus:
+    """The corpus :func:`write_corpus` wrote: text columns read on demand, ``heldout`` (bool[N]) and
+    ``prompt_chars`` (int64[N] or None) in memory."""
+    import pyarrow.parquet as pq
+
+    files = [out_dir / _SHARD.format(i) for i in range(json.loads((out_dir / "shards.json").read_text())["shards"])]
+    schema = pq.read_schema(files[0])
+    groups = _row_groups(files)
+    heldout = np.concatenate([pq.read_table(f, columns=["heldout"]).column(0).to_numpy() for f in files]).astype(bool)
+    prompt_chars = (np.concatenate([pq.read_table(f, columns=["prompt_chars"]).column(0).to_numpy() for f in files])
+                    .astype(np.int64) if "prompt_chars" in schema.names else None)
+    labels = {name[len("label."):]: ShardColumn(files, name, groups) for name in schema.names
+              if name.startswith("label.")}
+    return Corpus(ShardColumn(files, "id", groups), ShardColumn(files, "text", groups), labels, heldout, prompt_chars)
+
+
+def _row_groups(files: list[Path]) -> np.ndarray:
+    """int64[G, 3]: (first document, shard, row group) of every row group, in corpus order."""
+    import pyarrow.parquet as pq
+
+    rows, start = [], 0
+    for shard, f in enumerate(files):
+        meta = pq.ParquetFile(f).metadata
+        for g in range(meta.num_row_groups):
+            rows.append((start, shard, g))
+            start += meta.row_group(g).num_rows
+    rows.append((start, -1, -1))  # the end
+    return np.asarray(rows, dtype=np.int64)
+
+
+class ShardColumn(Sequence):
+    """One string column of the sharded corpus as a read-only sequence of N str.
+
+    Iteration streams the shards a row group at a time; ``column[i]`` reads (and caches) document i's
+    row group; ``column[a:b]`` and :meth:`take` read each row group they touch once.
+    """
+
+    CACHED_GROUPS = 4
+
+    def __init__(self, files: list[Path], column: str, groups: np.ndarray):
+        self.files, self.column, self._groups = files, column, groups
+        self._cache: OrderedDict[int, list[str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self._groups[-1, 0])
+
+    def __iter__(self) -> Iterator[str]:
+        import pyarrow.parquet as pq
+
+        for f in self.files:
+            for batch in pq.ParquetFile(f).iter_batches(columns=[self.column], batch_size=ROW_GROUP):
+                yield from batch.column(0).to_pylist()
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.take(range(*index.indices(len(self))))
+        i = int(index)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"document {index} of {len(self)}")
+        g = int(np.searchsorted(self._groups[:, 0], i, side="right")) - 1
+        return self._group(g)[i - int(self._groups[g, 0])]
+
+    def take(self, docs) -> list[str]:
+        """``[self[d] for d in docs]`` (docs: int[n], any order), reading each row group once."""
+        docs = np.asarray(docs, dtype=np.int64).reshape(-1)
+        if docs.size and (docs.min() < 0 or docs.max() >= len(self)):
+            raise IndexError(f"documents {docs.min()}..{docs.max()} of {len(self)}")
+        group = np.searchsorted(self._groups[:, 0], docs, side="right") - 1
+        out: list = [None] * docs.size
+        order = np.argsort(group, kind="stable")
+        bounds = np.flatnonzero(np.diff(group[order])) + 1
+        for run in np.split(order, bounds) if docs.size else []:
+            g = int(group[run[0]])
+            values = self._group(g)
+            for k, d in zip(run.tolist(), (docs[run] - self._groups[g, 0]).tolist()):
+                out[k] = values[d]
+        return out
+
+    def _group(self, g: int) -> list[str]:
+        if g in self._cache:
+            self._cache.move_to_end(g)
+            return self._cache[g]
+        import pyarrow.parquet as pq
+
+        shard, rg = int(self._groups[g, 1]), int(self._groups[g, 2])
+        values = pq.ParquetFile(self.files[shard]).read_row_group(rg, columns=[self.column]).column(0).to_pylist()
+        self._cache[g] = values
+        if len(self._cache) > self.CACHED_GROUPS:
+            self._cache.popitem(last=False)
+        return values
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        return f"ShardColumn({self.column!r}, {len(self):,} documents in {len(self.files)} shard(s))"
