@@ -47,8 +47,8 @@ def peak_mib() -> float:
 
 
 def write_source(path: Path, documents: int) -> int:
-    """Repeat debmix's documents (distinct ids) up to ``documents`` rows of one Parquet file; return the
-    distinct source documents."""
+    """debmix's documents in a seeded random order, repeated (distinct ids) up to ``documents`` rows of one
+    Parquet file; return the distinct source documents."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -56,6 +56,7 @@ def write_source(path: Path, documents: int) -> int:
     for f in sorted(DEBMIX.glob("*.jsonl.gz")):
         with gzip.open(f, "rt", encoding="utf-8") as fh:
             recs += [(r["id"], r["text"], r["domain"]) for r in map(json.loads, fh) if r["text"].strip()]
+    recs = [recs[i] for i in np.random.default_rng(0).permutation(len(recs))]  # every domain in any prefix
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("domain", pa.string())])
     with pq.ParquetWriter(path, schema) as w:
         for start in range(0, documents, 100_000):
@@ -82,6 +83,9 @@ def main() -> None:
     ap.add_argument("--shard-documents", type=int, default=100_000)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no carriage-return bars in a redirected log
     from hydra import compose, initialize_config_dir
 
     from bench_embed_cluster import mixture
@@ -96,7 +100,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "source.parquet"
         distinct = write_source(src, args.documents)
-        print(f"source: {args.documents:,} documents ({distinct:,} distinct debmix documents repeated with distinct ids), "
+        print(f"source: {args.documents:,} documents (debmix's {distinct:,} distinct documents shuffled"
+              f"{', repeated with distinct ids' if args.documents > distinct else ''}), "
               f"{src.stat().st_size / 2**20:.0f} MiB of Parquet", flush=True)
         with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
             cfg = compose("config", overrides=["data=parquet", f"data.path={src}", "data.label_fields=[domain]",
@@ -116,17 +121,17 @@ def main() -> None:
         clustering = timed(f"cluster (two_level K={args.k:,}, train + assign)", rows, lambda: model.fit(vectors, train))
         fine, coarse = clustering.levels
         timed("  of which assignment of every document", rows,
-              lambda: _assign(vectors, coarse.centroids, fine.centroids, coarse.parent, nprobe=1, spherical=True,
-                              batch=65536))
+              lambda: _assign(vectors, coarse.centroids, fine.centroids, coarse.parent, nprobe=model.nprobe,
+                              spherical=True, batch=65536))
         labels = fine.labels[train]
         sizes = np.bincount(labels, minlength=fine.k).astype(np.int64)
         for name, cls, kw in (("random", RandomSampler, {}), ("uniform", UniformSampler, {}),
                               ("clusterclip", ClusterClipSampler, {"clip_threshold": 5})):
             timed(f"sampler build: {name}", rows, lambda: cls(labels, sizes, block_size=1024, **kw))
-    report(rows, args.documents, len(texts))
+    report(rows, args.documents, len(texts), args.k)
 
 
-def report(rows: list, n: int, embed_n: int) -> None:
+def report(rows: list, n: int, embed_n: int, k: int) -> None:
     """Per-stage table and the extrapolation to 100M documents on 8 GPUs (one node, 8 ranks)."""
     print(f"\n{'stage':58s} {'seconds':>8s} {'peak MiB':>9s}")
     for name, secs, peak in rows:
@@ -138,12 +143,17 @@ def report(rows: list, n: int, embed_n: int) -> None:
     print(f"  corpus stage (one reader process): {t['corpus'] * scale / 3600:.1f} h on this CPU")
     print(f"  tokenize (shards over 8 ranks, this CPU's rate per rank): {t['tokenize'] * scale / 8 / 3600:.1f} h")
     print(f"  embed, MiniLM at this CPU's {embed_rate:.0f} docs/s: {1e8 / embed_rate / 3600:,.0f} h on one CPU; the "
-          "guide's figure is ~8 h on 4 A100s, i.e. ~4 h on 8 GPUs (shards over ranks)")
+          "reference figure in issue 14 (ClusterClip-scale preprocessing) is ~8 h on 4 A100s, i.e. ~4 h on 8 GPUs "
+          "(shards over ranks)")
     train = t["cluster"] - t["assign"]
-    print(f"  two-level k-means: training on its fixed sample (K x 256 points, not N) {train:.0f} s here; assignment "
-          f"{t['assign'] * scale / 60:.0f} min on this CPU (or one GPU)")
-    print("  sampler build: " + ", ".join(f"{name.split(': ')[1]} {secs * scale:.0f} s" for name, secs, _ in rows
-                                          if name.startswith("sampler")))
+    points = min(n, 256 * k)
+    print(f"  two-level k-means: training uses at most K x 256 points whatever N ({points:,} here: {train:.0f} s; "
+          f"~{train * min(1e8, 256 * k) / points:.0f} s at 100M); assignment {t['assign'] * scale / 60:.0f} min on this "
+          "CPU, streamed over the memory-mapped embeddings")
+    print("  sampler build: measured at 100M by benches/bench_samplers.py; at this size " + ", ".join(
+        f"{name.split(': ')[1]} {secs:.2f} s" for name, secs, _ in rows if name.startswith("sampler")))
+    print("  tokenize includes training the BPE tokenizer on every training document (rank 0 alone); a pretrained "
+          "tokenizer (model.tokenizer.kind=pretrained) skips it")
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ class TwoLevelConfig:
     seed: int = "${seed}"  # type: ignore[assignment]
     max_points_per_centroid: int = ge(1, 256)
     spherical: bool = True
-    nprobe: int = ge(1, 1)  # coarse cells searched per document when assigning (coarse_k: exact)
+    nprobe: int = ge(1, 3)  # coarse cells searched per document when assigning (coarse_k: exact)
     assign_batch: int = 65536
     device: str = "auto"
     verbose: bool = False

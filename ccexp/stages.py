@@ -326,8 +326,8 @@ class Stages:
                                                 else {})}
         fp = fingerprint("tokenize", VERSIONS["tokenize"], key, inputs)
 
-        work_dir = self.store.root / "tokenize" / f".work-{fp}"
         shard_documents = int(self.cfg.data.shard_documents)
+        work_dir = self.store.root / "tokenize" / f".work-{fp}-s{shard_documents}"  # shards of this size only
         rank, world = launch_rank()
 
         def produce(tmp: Path) -> dict:

@@ -15,7 +15,7 @@ from ccexp.__main__ import CONFIG_DIR
 from ccexp.artifacts import StageStore
 from ccexp.data.corpus import CorpusReader, read_corpus, split_heldout, take
 from ccexp.data.store import open_corpus, write_corpus
-from ccexp.data.tokenize import encode_corpus, tokenize_shards
+from ccexp.data.tokenize import assemble_tokens, encode_corpus, tokenize_shards
 from ccexp.errors import CcexpError
 from ccexp.stages import Stages
 
@@ -26,7 +26,7 @@ def stages_for(tmp_path: Path, *overrides: str) -> Stages:
     return Stages(cfg, StageStore(Path(cfg.paths.cache)))
 
 
-def test_datasets_folder_reads_like_the_jsonl_file(tmp_path, small_corpus):
+def test_datasets_folder_reads_like_the_jsonl_file(tmp_path, small_corpus, caplog):
     import datasets
 
     plain = read_corpus(small_corpus, label_fields=["domain"])
@@ -39,6 +39,16 @@ def test_datasets_folder_reads_like_the_jsonl_file(tmp_path, small_corpus):
         read_corpus(tmp_path / "dd", split="valid")
     with pytest.raises(CcexpError, match="has no column 'body'"):
         read_corpus(tmp_path / "dd", text_field="body")
+    ds.select([]).save_to_disk(str(tmp_path / "empty"))
+    with pytest.raises(CcexpError, match="not a readable datasets folder, or one without rows"):
+        read_corpus(tmp_path / "empty")
+    ds.save_to_disk(str(tmp_path / "one"))
+    with caplog.at_level("WARNING", logger="ccexp"):
+        assert len(read_corpus(tmp_path / "one", split="test")) == len(plain)
+    assert "holds one dataset, not a DatasetDict with splits; data.split=test is ignored" in caplog.text
+    datasets.Dataset.from_dict({"text": ["fine", None]}).save_to_disk(str(tmp_path / "null"))
+    with pytest.raises(CcexpError, match="record 2 field 'text' is null; give every record a text"):
+        read_corpus(tmp_path / "null")
     (tmp_path / "plain").mkdir()
     with pytest.raises(CcexpError, match="is a folder; point data.path at one .jsonl"):
         read_corpus(tmp_path / "plain")
@@ -80,6 +90,13 @@ def test_sharded_tokenization_equals_whole_corpus_tokenization_and_resumes(tmp_p
     again = tokenize_shards(tokenized.tokenizer, corpus.texts, None, work, shard_documents=23)
     assert again["skipped"] == first["tokenized"] and sorted(again["tokenized"] + first["tokenized"]) == list(
         range(-(-len(corpus) // 23)))
+    # shards of another size in the same folder are not taken for finished ones
+    other_size = tokenize_shards(tokenized.tokenizer, corpus.texts, None, work, shard_documents=40)
+    assert other_size["skipped"] == [] and len(other_size["tokenized"]) == -(-len(corpus) // 40)
+    out = tmp_path / "assembled"
+    out.mkdir()
+    assert assemble_tokens(work, len(corpus), 40, out)["tokens"] == whole_tokens.size
+    assert np.array_equal(np.load(out / "tokens.npy"), whole_tokens)
     # another shard size: the same corpus content, hence the same tokenize stage output reused
     other = stages_for(tmp_path / "a", "data=jsonl", f"data.path={small_corpus}", "data.shard_documents=1000")
     other.tokenize(other.corpus())

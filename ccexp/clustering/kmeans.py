@@ -139,6 +139,20 @@ def cosine_to(block: np.ndarray, centroids: np.ndarray, labels: np.ndarray) -> n
     return (dots / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
+def finite_blocks(x: np.ndarray, batch: int):
+    """Yield ``(start, block)``: the rows of ``x`` (float[n, d], any float dtype, may be a memory map) in
+    float32 blocks of ``batch`` rows.
+
+    Raises:
+        CcexpError: if a row is not finite.
+    """
+    for start in range(0, x.shape[0], batch):
+        block = np.ascontiguousarray(x[start:start + batch], dtype=np.float32)
+        if not np.isfinite(block).all():
+            raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
+        yield start, block
+
+
 def assign(x: np.ndarray, centroids: np.ndarray, *, spherical: bool = True, batch: int = 65536,
            gpu: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centroid of every row of ``x`` (streamed in ``batch`` rows, any float dtype, may be a
@@ -160,10 +174,7 @@ def assign(x: np.ndarray, centroids: np.ndarray, *, spherical: bool = True, batc
     n = x.shape[0]
     labels = np.empty(n, dtype=np.int32)
     score = np.empty(n, dtype=np.float32)
-    for start in range(0, n, batch):
-        block = np.ascontiguousarray(x[start:start + batch], dtype=np.float32)
-        if not np.isfinite(block).all():
-            raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
+    for start, block in finite_blocks(x, batch):
         _, idx = index.search(block, 1)
         labels[start:start + block.shape[0]] = idx[:, 0]
         score[start:start + block.shape[0]] = cosine_to(block, centroids, idx[:, 0])

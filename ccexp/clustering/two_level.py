@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from ccexp.clustering.kmeans import Clustering, Level, check_k, train_centroids, training_sample, use_gpu
+from ccexp.clustering.kmeans import (Clustering, Level, check_k, finite_blocks, train_centroids, training_sample,
+                                    use_gpu)
 from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
@@ -91,7 +92,7 @@ class TwoLevelKMeans:
     """
 
     def __init__(self, k: int = 1024, coarse_k: int | None = None, niter: int = 20, seed: int = 0,
-                 max_points_per_centroid: int = 256, spherical: bool = True, nprobe: int = 1,
+                 max_points_per_centroid: int = 256, spherical: bool = True, nprobe: int = 3,
                  assign_batch: int = 65536, device: str = "auto", verbose: bool = False):
         self.k, self.niter, self.seed = int(k), int(niter), int(seed)
         self.coarse_k = coarse_cells(self.k, coarse_k)
@@ -195,16 +196,17 @@ def _assign(x: np.ndarray, coarse: np.ndarray, centroids: np.ndarray, parent: np
     first = np.concatenate([[0], np.cumsum(np.bincount(parent, minlength=k1))])  # cell c: first[c]:first[c+1]
     sq_norms = (centroids * centroids).sum(1)
     # L2: argmin |x - c|^2 = argmax x.c - |c|^2 / 2; spherical: argmax x.c
-    half, coarse_half = (0.0, 0.0) if spherical else (0.5 * sq_norms, 0.5 * (coarse * coarse).sum(1))
+    if spherical:
+        half, coarse_half = 0.0, np.zeros(k1, np.float32)
+    else:
+        half, coarse_half = 0.5 * sq_norms, 0.5 * (coarse * coarse).sum(1)
+    coarse_half = np.where(np.diff(first) > 0, coarse_half, np.inf)  # a cell without fine centroids is never probed
     norm, coarse_norm = np.sqrt(sq_norms), np.linalg.norm(coarse, axis=1)
     n = x.shape[0]
     labels = np.empty(n, dtype=np.int32)
     similarity = np.empty(n, dtype=np.float32)
     coarse_similarity = np.empty(n, dtype=np.float32)
-    for start in range(0, n, batch):
-        block = np.ascontiguousarray(x[start:start + batch], dtype=np.float32)
-        if not np.isfinite(block).all():
-            raise CcexpError("clusterer: the embeddings contain NaN or inf; re-run the embed stage")
+    for start, block in finite_blocks(x, batch):
         coarse_dot, probe = _probe(block, coarse, coarse_half, nprobe)
         lab, dot = _best_in_cells(block, centroids, first, half, probe)
         size = np.sqrt(np.einsum("ij,ij->i", block, block))
@@ -217,10 +219,11 @@ def _assign(x: np.ndarray, coarse: np.ndarray, centroids: np.ndarray, parent: np
 
 
 def _probe(block: np.ndarray, coarse: np.ndarray, half, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``nprobe`` nearest coarse cells of each row (by ``x.c - half[c]``; int64[b, nprobe]) and the
-    row's inner product with each (float32[b, nprobe])."""
+    """The ``nprobe`` nearest coarse cells of each row (by ``x.c - half[c]``; ``half[c] = inf`` for a cell
+    that must not be probed; int64[b, nprobe]) and the row's inner product with each (float32[b, nprobe])."""
     dot = block @ coarse.T
     score = dot - half
+    nprobe = min(nprobe, int(np.isfinite(half).sum()))
     if nprobe == 1:
         probe = np.argmax(score, axis=1)[:, None]
     else:

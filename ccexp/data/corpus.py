@@ -59,7 +59,7 @@ def detect_format(path: Path) -> str:
         if any((path / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
             return "hf_disk"
         raise CcexpError(f"data.path={str(path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or .parquet "
-                         "file, or a datasets folder (save_to_disk) with data.format=hf_disk")
+                         "file, or read a datasets folder (save_to_disk) with data=hf_disk")
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz", ".json.gz", ".ndjson", ".ndjson.gz")):
         return "jsonl"
@@ -171,7 +171,8 @@ class CorpusReader:
             raise CcexpError(f"data.format={self.format!r} is not an option; use auto, jsonl, parquet or hf_disk")
         if self.path.is_dir() != (self.format == "hf_disk"):
             raise CcexpError(f"data.path={str(self.path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or "
-                             ".parquet file, or a datasets folder with data.format=hf_disk" if self.path.is_dir() else
+                             ".parquet file, or read a datasets folder (save_to_disk) with data=hf_disk"
+                             if self.path.is_dir() else
                              f"data.format=hf_disk needs a datasets folder (save_to_disk), but {str(self.path)!r} is a "
                              "file; use data.format=auto")
         self.text_field, self.id_field, self.label_fields = text_field, id_field, list(label_fields or [])
@@ -230,6 +231,9 @@ class CorpusReader:
             raise CcexpError(f"{path}: record {row} has no field {text_field!r} (fields: {sorted(rec)}); set "
                              f"data.text_field to the field that holds the text")
         text = rec[text_field]
+        if text is None:
+            raise CcexpError(f"{path}: record {row} field {text_field!r} is null; give every record a text (or drop "
+                             "the record)")
         if not isinstance(text, str):
             raise CcexpError(f"{path}: record {row} field {text_field!r} is {type(text).__name__}, not a string; set "
                              "data.text_field to the field that holds the document text")
@@ -303,14 +307,17 @@ def _iter_hf_disk(path: Path, columns: list[str], split: str, optional: list[str
         raise CcexpError("data.format=hf_disk needs the `datasets` package; pip install datasets") from None
     try:
         ds = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError, OSError) as e:
-        raise CcexpError(f"{path}: not a readable datasets folder ({str(e).splitlines()[0][:120]}); write it with "
-                         "Dataset.save_to_disk") from None
+    except Exception as e:  # datasets raises many types for a damaged or empty folder
+        raise CcexpError(f"{path}: not a readable datasets folder, or one without rows ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:120]}); write it with Dataset.save_to_disk") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise CcexpError(f"{path}: the datasets folder has splits {sorted(ds)}, not data.split={split!r}; set "
                              "data.split to one of them")
         ds = ds[split]
+    elif split != "train":
+        log.warning("corpus: %s holds one dataset, not a DatasetDict with splits; data.split=%s is ignored and all "
+                    "its rows are read", path, split)
     present = [c for c in columns if c in ds.column_names]
     missing = [c for c in columns if c not in ds.column_names and c not in optional]
     if missing:

@@ -163,11 +163,17 @@ def tokenize_shards(tok, texts, prompt_chars: np.ndarray | None, work_dir: Path,
     work_dir.mkdir(parents=True, exist_ok=True)
     n_shards = -(-len(texts) // shard_documents)
     mine = list(range(rank, n_shards, world_size))
-    skipped = [i for i in mine if (work_dir / f"tokens-{i:06d}.done").is_file()]
+    def done(i: int) -> bool:  # finished, for this shard size (a marker holds its shard's document count)
+        marker = work_dir / f"tokens-{i:06d}.done"
+        size = min(len(texts), (i + 1) * shard_documents) - i * shard_documents
+        return marker.is_file() and marker.read_text().strip() == str(size)
+
+    skipped = [i for i in mine if done(i)]
     todo = [i for i in mine if i not in set(skipped)]
     if skipped:
         log.info("tokenize: resuming, %d of %d shards already done", len(skipped), len(mine))
     t0, docs, toks = time.perf_counter(), 0, 0
+    docs_todo = sum(min(len(texts), (i + 1) * shard_documents) - i * shard_documents for i in todo)
     for n, i in enumerate(todo, start=1):
         a, b = i * shard_documents, min(len(texts), (i + 1) * shard_documents)
         part = texts[a:b]
@@ -181,8 +187,9 @@ def tokenize_shards(tok, texts, prompt_chars: np.ndarray | None, work_dir: Path,
         (work_dir / f"tokens-{i:06d}.done").write_text(f"{b - a}\n")
         docs, toks = docs + b - a, toks + tokens.size
         rate = docs / max(time.perf_counter() - t0, 1e-9)
-        log.info("tokenize: shard %d/%d%s, %s documents, %s tokens, %.0f docs/s", n, len(todo),
-                 f" (rank {rank})" if world_size > 1 else "", f"{docs:,}", f"{toks:,}", rate)
+        log.info("tokenize: shard %d/%d%s, %s of %s documents, %s tokens, %.0f docs/s, ETA %.0f s", n, len(todo),
+                 f" (rank {rank})" if world_size > 1 else "", f"{docs:,}", f"{docs_todo:,}", f"{toks:,}", rate,
+                 (docs_todo - docs) / rate)
     return {"tokenized": todo, "skipped": skipped}
 
 
@@ -203,6 +210,9 @@ def assemble_tokens(work_dir: Path, n_docs: int, shard_documents: int, out_dir: 
     """
     n_shards = -(-n_docs // shard_documents)
     lengths = np.concatenate([np.load(work_dir / f"lengths-{i:06d}.npy") for i in range(n_shards)])
+    if lengths.size != n_docs:
+        raise CcexpError(f"tokenize: the shards in {work_dir} hold {lengths.size} documents, not {n_docs}; delete that "
+                         "folder and run again")
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     with open(out_dir / "tokens.npy", "wb") as f:  # plain writes: a memory map's dirty pages would count as RSS
         np.lib.format.write_array_header_2_0(f, {"descr": np.dtype(np.int32).str, "fortran_order": False,
