@@ -69,6 +69,12 @@ class StageStore:
     def is_done(self, stage: str, fp: str) -> bool:
         return (self.path(stage, fp) / DONE).is_file()
 
+    def wait(self, stage: str, fp: str, poll_s: float = 5.0, until=None) -> None:
+        """Block until ``<stage>/<fp>`` is published (by rank 0 or another run) — or, with ``until`` (a
+        path), until that file exists first."""
+        while not self.is_done(stage, fp) and not (until is not None and Path(until).is_file()):
+            time.sleep(poll_s)
+
     def lock(self, stage: str, fp: str):
         """A file lock (``<root>/.locks/<stage>-<fp>.lock``) held while a run computes that stage output."""
         from filelock import FileLock

@@ -145,8 +145,7 @@ class Stages:
         if rank != 0 and not self.store.is_done("embed", fp):  # embed this rank's shards, then wait for rank 0
             build(self.cfg.embedder, "embedder", **runtime).embed(corpus.texts, work_dir / "unused.npy", work_dir,
                                                                   rank=rank, world_size=world, **extra)
-            while not self.store.is_done("embed", fp):
-                time.sleep(5)
+            self.store.wait("embed", fp)
         result = self._run("embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
                            f"{f['docs_per_s']:.0f} docs/s when computed, {f.get('shards', 1)} shards"
                            + (f" ({f['shards_resumed']} resumed)" if f.get("shards_resumed") else ""))
@@ -342,13 +341,11 @@ class Stages:
             return {**figures, "vocab_size": len(tok), "separator_id": sep, "separator": tok.convert_ids_to_tokens(sep)}
 
         if rank != 0 and not self.store.is_done("tokenize", fp):  # tokenize this rank's shards, then wait for rank 0
-            while not (work_dir / "tokenizer.done").is_file() and not self.store.is_done("tokenize", fp):
-                time.sleep(5)
+            self.store.wait("tokenize", fp, until=work_dir / "tokenizer.done")
             if not self.store.is_done("tokenize", fp):
                 tokenize_shards(load_tokenizer(work_dir / "tokenizer"), corpus.texts, corpus.prompt_chars, work_dir,
                                 shard_documents=shard_documents, rank=rank, world_size=world)
-            while not self.store.is_done("tokenize", fp):
-                time.sleep(5)
+            self.store.wait("tokenize", fp)
         result = self._run("tokenize", fp, produce,
                            lambda f: f"{f['tokens']:,} tokens in {f['documents']:,} docs, vocab {f['vocab_size']:,}, "
                            f"{f['separator']} before each document")

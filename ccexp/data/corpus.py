@@ -21,6 +21,7 @@ from ccexp.errors import CcexpError
 log = logging.getLogger("ccexp")
 
 BUILTIN_PATH = Path(__file__).parent / "builtin" / "debmix_mini.jsonl.gz"
+HELDOUT_SALT = "ccexp-heldout"  # changing it changes every run's held-out split
 
 
 @dataclass
@@ -117,10 +118,15 @@ def _iter_parquet(path: Path, columns: list[str]):
                              "re-export the file") from None
         if batch is None:
             return
-        cols = batch.to_pydict()
-        for i in range(batch.num_rows):
-            row += 1
-            yield row, {c: cols[c][i] for c in columns}
+        yield from _rows(batch, columns, row)
+        row += batch.num_rows
+
+
+def _rows(batch, columns: list[str], row: int):
+    """``(row number, record)`` of each row of an Arrow batch or table, numbered from ``row + 1``."""
+    cols = batch.to_pydict()
+    for i in range(batch.num_rows):
+        yield row + i + 1, {c: cols[c][i] for c in columns}
 
 
 @dataclass
@@ -132,6 +138,15 @@ class CorpusBatch:
     texts: list[str]
     labels: dict[str, list[str]]
     prompt_chars: list[int] | None
+
+    def add(self, doc_id: str, text: str, prompt_chars: int, labels: dict[str, str]) -> None:
+        """Append one document (``prompt_chars`` is dropped for plain documents)."""
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        if self.prompt_chars is not None:
+            self.prompt_chars.append(prompt_chars)
+        for name, values in self.labels.items():
+            values.append(labels[name])
 
 
 class CorpusReader:
@@ -188,8 +203,9 @@ class CorpusReader:
             return _iter_parquet(self.path, columns)
         return _iter_hf_disk(self.path, columns, self.split, optional=[self.id_field] if self.id_field else [])
 
-    def _validated(self, documents: int) -> Iterator[CorpusBatch]:
-        """Every non-empty document, validated, in batches of ``documents``.
+    def _validated(self, documents: int, warn: bool = True) -> Iterator[CorpusBatch]:
+        """Every non-empty document, validated, in batches of ``documents`` (``warn``: log the empty
+        documents dropped).
 
         Raises:
             CcexpError: a missing or non-string text field, empty documents with ``drop_empty=False``,
@@ -202,18 +218,13 @@ class CorpusReader:
                 empty += 1
                 continue
             doc_id = rec.get(self.id_field) if self.id_field else None
-            batch.ids.append(str(doc_id) if doc_id is not None else f"row-{row}")
-            batch.texts.append(text)
-            if batch.prompt_chars is not None:
-                batch.prompt_chars.append(len(prompt))
-            for name in self.label_fields:
-                value = rec.get(name)
-                batch.labels[name].append("(none)" if value is None or value == "" else str(value))
+            batch.add(str(doc_id) if doc_id is not None else f"row-{row}", text, len(prompt),
+                      {name: _label_value(rec.get(name)) for name in self.label_fields})
             if len(batch.texts) == documents:
                 total += documents
                 yield batch
                 batch = self._new_batch()
-        if empty:
+        if empty and warn:
             log.warning("corpus: dropped %d empty document(s) from %s", empty, self.path)
         if not total and not batch.texts:
             raise CcexpError(f"{self.path}: no non-empty documents in field {self.response_field or self.text_field!r}"
@@ -262,13 +273,14 @@ class CorpusReader:
         if self.max_documents is None:
             yield from self._validated(documents)
             return
-        hashes = np.concatenate([id_hash(b.ids, "subsample") for b in self._validated(65536)])
+        hashes = np.concatenate([id_hash(b.ids, "subsample") for b in self._validated(65536, warn=False)])
         keep = np.zeros(hashes.size, dtype=bool)
         keep[np.argsort(hashes, kind="stable")[:self.max_documents]] = True
         out, seen = self._new_batch(), 0
         for b in self._validated(65536):
-            for k in np.flatnonzero(keep[seen:seen + len(b.texts)]):
-                _append(out, b, int(k))
+            for k in np.flatnonzero(keep[seen:seen + len(b.texts)]).tolist():
+                out.add(b.ids[k], b.texts[k], b.prompt_chars[k] if b.prompt_chars is not None else 0,
+                        {name: values[k] for name, values in b.labels.items()})
                 if len(out.texts) == documents:
                     yield out
                     out = self._new_batch()
@@ -288,15 +300,6 @@ class CorpusReader:
                 labels[name] += b.labels[name]
         return Corpus(ids, texts, labels,
                       prompt_chars=np.asarray(prompt_chars, dtype=np.int64) if self.response_field else None)
-
-
-def _append(out: CorpusBatch, b: CorpusBatch, k: int) -> None:
-    out.ids.append(b.ids[k])
-    out.texts.append(b.texts[k])
-    if out.prompt_chars is not None:
-        out.prompt_chars.append(b.prompt_chars[k])
-    for name in out.labels:
-        out.labels[name].append(b.labels[name][k])
 
 
 def _iter_hf_disk(path: Path, columns: list[str], split: str, optional: list[str]):
@@ -325,10 +328,13 @@ def _iter_hf_disk(path: Path, columns: list[str], split: str, optional: list[str
                          "data.id_field / data.label_fields accordingly")
     row = 0
     for table in ds.select_columns(present).with_format("arrow").iter(batch_size=8192):
-        cols = table.to_pydict()
-        for i in range(table.num_rows):
-            row += 1
-            yield row, {c: cols[c][i] for c in present}
+        yield from _rows(table, present, row)
+        row += table.num_rows
+
+
+def _label_value(value) -> str:
+    """A label value as text; a missing or empty one is the visible placeholder ``(none)``."""
+    return "(none)" if value is None or value == "" else str(value)
 
 
 def read_corpus(path: str | Path, **options) -> Corpus:
@@ -379,15 +385,21 @@ def check_split(held: int, documents: int, fraction: float) -> None:
                          f"{documents}; use a larger corpus or another fraction")
 
 
-def split_heldout(ids: Sequence[str], fraction: float, salt: str = "ccexp-heldout") -> np.ndarray:
+def split_heldout(ids: Sequence[str], fraction: float, salt: str = HELDOUT_SALT) -> np.ndarray:
     """bool[N]: True for held-out documents. Decided by a hash of each document id, so the same
     documents are held out for every sampler, seed and model (and for any sharding of the corpus:
-    the corpus stage calls :func:`id_hash` shard by shard, then :func:`check_split`).
+    the corpus stage calls :func:`heldout_flags` shard by shard, then :func:`check_split`).
 
     Raises:
         CcexpError: if ``fraction`` is not in (0, 1) or the split leaves a side empty.
     """
     check_heldout_fraction(fraction)
-    heldout = id_hash(ids, salt) < fraction
+    heldout = heldout_flags(ids, fraction, salt)
     check_split(int(heldout.sum()), heldout.size, fraction)
     return heldout
+
+
+def heldout_flags(ids: Sequence[str], fraction: float, salt: str = HELDOUT_SALT) -> np.ndarray:
+    """bool[n]: :func:`split_heldout`'s decision for each of ``ids``, without its checks — for a corpus
+    split shard by shard (the caller checks the whole with :func:`check_split`)."""
+    return id_hash(ids, salt) < fraction

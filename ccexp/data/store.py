@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ccexp.data.corpus import Corpus, CorpusBatch, check_heldout_fraction, check_split, id_hash
+from ccexp.data.corpus import Corpus, CorpusBatch, check_heldout_fraction, check_split, heldout_flags
 
 log = logging.getLogger("ccexp")
 
@@ -52,7 +52,7 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
     content, documents, held_total, shards = hashlib.sha256(), 0, 0, 0
     t0 = last = time.perf_counter()
     for batch in batches:
-        heldout = id_hash(batch.ids, "ccexp-heldout") < heldout_fraction
+        heldout = heldout_flags(batch.ids, heldout_fraction)
         for doc_id, text, held in zip(batch.ids, batch.texts, heldout):
             content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
         columns = {"id": batch.ids, "text": batch.texts, "heldout": heldout}

@@ -162,20 +162,18 @@ def tokenize_shards(tok, texts, prompt_chars: np.ndarray | None, work_dir: Path,
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     n_shards = -(-len(texts) // shard_documents)
-    mine = list(range(rank, n_shards, world_size))
-    def done(i: int) -> bool:  # finished, for this shard size (a marker holds its shard's document count)
-        marker = work_dir / f"tokens-{i:06d}.done"
-        size = min(len(texts), (i + 1) * shard_documents) - i * shard_documents
-        return marker.is_file() and marker.read_text().strip() == str(size)
-
-    skipped = [i for i in mine if done(i)]
-    todo = [i for i in mine if i not in set(skipped)]
+    span = {i: (i * shard_documents, min(len(texts), (i + 1) * shard_documents))
+            for i in range(rank, n_shards, world_size)}  # this rank's shards: their documents [a, b)
+    # finished for this shard size: a marker holds its shard's document count
+    skipped = [i for i, (a, b) in span.items() if (m := work_dir / f"tokens-{i:06d}.done").is_file()
+               and m.read_text().strip() == str(b - a)]
+    todo = sorted(set(span) - set(skipped))
     if skipped:
-        log.info("tokenize: resuming, %d of %d shards already done", len(skipped), len(mine))
+        log.info("tokenize: resuming, %d of %d shards already done", len(skipped), len(span))
     t0, docs, toks = time.perf_counter(), 0, 0
-    docs_todo = sum(min(len(texts), (i + 1) * shard_documents) - i * shard_documents for i in todo)
+    docs_todo = sum(span[i][1] - span[i][0] for i in todo)
     for n, i in enumerate(todo, start=1):
-        a, b = i * shard_documents, min(len(texts), (i + 1) * shard_documents)
+        a, b = span[i]
         part = texts[a:b]
         if prompt_chars is None:
             tokens, offsets = encode_corpus(tok, part)

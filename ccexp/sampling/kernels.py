@@ -93,6 +93,20 @@ def _affine(key, group, p, n, pos):
     return np.int64((a * np.uint64(pos) + b) % un), np.int64(a % un)
 
 
+@njit(inline="always", nogil=True)  # inlined: cached within its callers
+def _advance(key, group, n, p, pos, x, step):
+    """One draw further along group ``group``'s passes (size ``n``): ``(p, pos, x, step)`` of the next draw,
+    ``x`` moving by ``step`` (wrapped once) inside a pass, a fresh :func:`_affine` map at a pass boundary."""
+    pos += 1
+    if pos == n:
+        x, step = _affine(key, group, p + 1, n, 0)
+        return p + 1, 0, x, step
+    x += step
+    if x >= n:
+        x -= n
+    return p, pos, x, step
+
+
 _TILE = 1 << 16  # draws per ascending sweep: enough to stream over a large array, small enough for L2
 _SWEEP_BYTES = 1 << 26  # groups from 64 MiB up are read in ascending sweeps (:func:`_sweep`) ...
 _SWEEP_DRAWS = 1 << 12  # ... when at least this many draws are taken from them at once
@@ -107,15 +121,7 @@ def _positions(start, n, group, key, e0, count, out, out_start):
     x, step = _affine(key, group, p, n, pos)
     for j in range(out_start, out_start + count):
         out[j] = start + x
-        pos += 1
-        if pos == n:
-            p += 1
-            pos = 0
-            x, step = _affine(key, group, p, n, 0)
-        else:
-            x += step
-            if x >= n:
-                x -= n
+        p, pos, x, step = _advance(key, group, n, p, pos, x, step)
 
 
 @_jit
@@ -254,15 +260,7 @@ def pass_stream(clusters, exposure, sizes, starts, members, key, out):
         else:
             p, x, step = state[c, 1], state[c, 2], state[c, 3]
         out[j] = starts[c] + x
-        pos += 1
-        if pos == n:
-            p += 1
-            pos = 0
-            x, step = _affine(key, c, p, n, 0)
-        else:
-            x += step
-            if x >= n:
-                x -= n
+        p, pos, x, step = _advance(key, c, n, p, pos, x, step)
         state[c, 0], state[c, 1], state[c, 2], state[c, 3] = pos, p, x, step
     _gather(members, out, 0, clusters.size)
 
