@@ -11,11 +11,11 @@ from ccexp.errors import CcexpError
 
 # keys that describe an option but are not constructor arguments: its name, the tokenizer a model
 # option carries, the level a sampler balances at, the held-out split and shard size a corpus option
-# carries (the corpus stage uses them), the CPU threads and FSDP settings a trainer option carries (the
-# runner builds the strategy), and the architecture numbers a model option carries for ccexp.plan, and
+# carries (the corpus stage uses them, and the split's stratification), the CPU threads and FSDP settings a
+# trainer option carries (the runner builds the strategy), and the architecture numbers a model option carries for ccexp.plan, and
 # the reference run a DoReMi sampler option carries (the `reference` stage trains it)
-_META_KEYS = ("name", "tokenizer", "level", "heldout_fraction", "shard_documents", "threads", "fsdp", "architecture",
-              "reference_steps", "reference_documents")
+_META_KEYS = ("name", "tokenizer", "level", "heldout_fraction", "heldout_stratify", "heldout_min_per_value",
+              "shard_documents", "threads", "fsdp", "architecture", "reference_steps", "reference_documents")
 
 
 def build(node: DictConfig, group: str, **runtime: Any) -> Any:

@@ -126,7 +126,19 @@ def sweep_id() -> str:
     return _SWEEP_ID[0]
 
 
+def job_dir(sampler: str, seed: Any, overrides: str) -> str:
+    """A sweep job's folder name, ``<sampler>-s<seed>-<6 hex digits of its sorted overrides>``: the same job
+    lands in the same folder however the sweep's jobs are ordered or extended (a later launch into the
+    same sweep folder finds it), and jobs that differ in any override never share one."""
+    import hashlib
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(sampler))[:60]
+    return f"{name}-s{seed}-{hashlib.sha256(str(overrides).encode()).hexdigest()[:6]}"
+
+
 OmegaConf.register_new_resolver("ccexp.run_id", run_id, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("ccexp.job_dir", job_dir, replace=True)
 OmegaConf.register_new_resolver("ccexp.sweep_id", sweep_id, replace=True)
 GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train.seq_len},${train.micro_batch_size},"
                      "${trainer.devices},${trainer.num_nodes},${trainer.accelerator}}")
@@ -135,6 +147,7 @@ GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train
 @dataclass
 class TrainConfig:
     steps: int = ge(1, 1000)  # optimizer steps
+    init_seed: int = "${seed}"  # type: ignore[assignment]  # the model's initialisation (and dropout)
     tokens_per_step: int = ge(1, 2048)  # target tokens per optimizer step, all ranks together (a multiple of seq_len)
     micro_batch_size: int = ge(1, 16)  # rows of seq_len tokens per forward pass per rank: what sets peak memory
     # derived: micro-batches per optimizer step per rank = tokens_per_step / (seq_len · micro_batch_size · world size)
@@ -167,6 +180,10 @@ class DataConfig:
     drop_empty: bool = True
     max_documents: Optional[int] = ge(1, None)
     heldout_fraction: float = 0.05  # in (0, 1): documents held out by a hash of their id
+    # a field of label_fields: each of its values gets at least heldout_min_per_value held-out documents (at most
+    # half of its documents), so a rare value's held-out perplexity rests on more than a handful; null = off
+    heldout_stratify: Optional[str] = None
+    heldout_min_per_value: int = ge(0, 20)
     shard_documents: int = ge(1, 100_000)  # documents per corpus shard: the unit of reading, tokenizing and resume
     # instruction data: text_field is the prompt, this field the response; only response tokens are trained on
     response_field: Optional[str] = None
@@ -205,7 +222,7 @@ class KMeansConfig:
     name: str = "kmeans"
     k: int = ge(1, 32)
     niter: int = ge(1, 20)
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = 0  # the partition's seed: fixed, not ${seed}, so every seed of a sweep shares one clustering
     max_points_per_centroid: int = ge(1, 256)
     spherical: bool = True
     nredo: int = 1
@@ -222,7 +239,7 @@ class HierarchicalConfig:
     name: str = "hierarchical"
     levels: list[int] = field(default_factory=lambda: [128, 32, 8])  # finest first
     niter: int = ge(1, 20)
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = 0  # the partition's seed (fixed; see KMeansConfig.seed)
     resampling_steps: Any = 0  # per level, or one value
     sample_size: Any = 10  # points per cluster in a resampling step, per level or one value
     sampling: str = "closest"  # closest | random
@@ -240,7 +257,7 @@ class TwoLevelConfig:
     k: int = ge(1, 1024)  # fine clusters
     coarse_k: Optional[int] = ge(1, None)  # coarse cells; null = round(sqrt(k))
     niter: int = ge(1, 20)
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = 0  # the partition's seed (fixed; see KMeansConfig.seed)
     max_points_per_centroid: int = ge(1, 256)
     spherical: bool = True
     nprobe: int = ge(1, 3)  # coarse cells searched per document when assigning (coarse_k: exact)
@@ -263,6 +280,7 @@ class SelectionConfig:
 
     target: Optional[int] = ge(1, None)
     strategy: str = "random"  # random | closest (to the finest centroid)
+    seed: int = 0  # ties and random picks: part of the setup (fixed), not of a run's seed
 
 
 @dataclass
@@ -274,6 +292,7 @@ class DedupConfig:
     threshold: float = 0.95  # cosine similarity in (0, 1] above which two training documents are near-duplicates
     keep: str = "hard"  # hard (farthest from the centroid survives, SemDeDup's default) | easy | random
     examples: int = ge(0, 20)  # example pairs (removed document, the one it duplicates) in the report
+    seed: int = 0  # keep=random's choice: part of the setup (fixed), not of a run's seed
 
 
 @dataclass
@@ -286,6 +305,7 @@ class SamplerConfig:
     _target_: str = MISSING
     name: str = MISSING
     level: int = 0  # the clustering level to balance at (hierarchical clusterers; 0 = finest)
+    seed: int = "${seed}"  # type: ignore[assignment]  # the data order: which documents, in which order
 
 
 @dataclass
@@ -425,18 +445,27 @@ class LmEvalConfig:
     batch_size: int = 16
     max_docs_per_task: int = 100
     mc_docs: int = 200
+    seed: int = 0  # the documents each task samples and lm-eval's own seeds: fixed, so every run is scored alike
 
 
 @dataclass
 class EvalConfig:
     name: str = MISSING
-    max_tokens: int = ge(1, 256)  # tokens scored per held-out document
+    # tokens scored per held-out document: by default the training rows' length, so no scored token sits at a
+    # position the model never trained (a model trained from scratch on rows of seq_len has seen no later one)
+    max_tokens: int = ge(1, "${train.seq_len}")
     batch_size: int = ge(1, 32)
     max_cluster_metrics: int = ge(0, 256)  # per-cluster metrics go to MLflow when K <= this (CSV always)
     min_cluster_docs: int = ge(1, 5)  # ppl_worst considers clusters with at least this many held-out documents
     every_n_steps: Optional[int] = ge(1, 100)  # score a fixed held-out sample every N optimizer steps (curve/*); null = off
     curve_documents: int = ge(1, 128)  # size of that sample (the same documents for every run of a corpus)
     balance_report: bool = True  # plots + Markdown of the corpus vs trained cluster mix
+    # the weights the headline held-out metrics (eval/*) are scored on: none (the final weights), ema (an
+    # exponential moving average with a time constant of average_span of the run) or tail (the uniform mean over
+    # the last average_span of the steps); with ema/tail the final weights are scored too (eval/final/*).
+    # none by default: measured in docs/studies/decisive/averaging.md, no average cut the seed-to-seed noise
+    average: str = "none"
+    average_span: float = 0.1  # in (0, 1]: the fraction of the run the average covers
     lm_eval: Optional[LmEvalConfig] = None
 
 
@@ -451,6 +480,17 @@ class PlanConfig:
     mean_tokens: float = 500.0  # synthetic: mean document length (log-normal)
     sigma: float = 1.0  # synthetic: log-space spread of the lengths
     record_every: int = ge(1, 100)  # steps between points of the mix-over-time curves
+
+
+@dataclass
+class ReportConfig:
+    """How a sweep's runs are compared (:mod:`ccexp.tracking.report`, :mod:`ccexp.tracking.verdict`)."""
+
+    baseline: str = "random"  # the sampler every other is paired with, seed by seed
+    min_effect: float = 0.02  # the smallest difference that matters, as a share of the baseline's mean
+    power: float = 0.8  # the power the "seeds needed" should give (two-sided paired t-test at alpha 0.05)
+    # skip, before any training, a sweep job whose token stream would be identical to an earlier job's
+    skip_duplicates: bool = True
 
 
 @dataclass
@@ -470,6 +510,7 @@ class RootConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
 
 # (group, schema name, dataclass): every config group option names one of these in its defaults list
@@ -499,6 +540,23 @@ def schema_for(group: str, target: Any) -> type | None:
     exact = [cls for cls in options if default_target(cls) == target]
     generic = [cls for cls in options if default_target(cls) in (MISSING, None)]
     return (exact or generic or [None])[0]
+
+
+def compose(overrides: list[str]):
+    """The shipped config (``ccexp/conf/config.yaml``) with ``overrides``, outside a running Hydra app
+    (Hydra's compose API; the schemas are registered first).
+
+    Raises:
+        hydra.errors.HydraException, omegaconf.errors.OmegaConfBaseException: for a bad override.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from ccexp.conf import CONFIG_DIR
+
+    register()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        return hydra_compose("config", overrides=list(overrides))
 
 
 def register() -> None:

@@ -31,7 +31,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     preflight(cfg, multirun)  # every check, before any work
     import lightning as L
 
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    L.seed_everything(cfg.train.init_seed, workers=True, verbose=False)  # the data order has its own sampler.seed
     outputs = Path(cfg.paths.outputs).resolve()
 
     # 1. preprocessing: cached stages that return typed artifacts
@@ -58,7 +58,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
                          signature=signature, resume_from=record.resume_checkpoint(cfg.train.resume_from, outputs))
         if not fit.is_global_zero:
             return {}
-        result = evaluate(cfg, fit.model, tokenized, split, corpus, run_dir)
+        result = evaluate(cfg, fit.model, tokenized, split, corpus, run_dir, average=fit.average)
         files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, split.train_docs)
         step = cfg.train.steps
         record.log_stages(stage.results, stage.cluster_report(), step, stage.curation_report())

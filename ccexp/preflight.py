@@ -11,6 +11,7 @@ micro-batches, the model's context against ``seq_len``, a GPU for a GPU trainer)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from ccexp import config as schemas
 from ccexp.build import build, check_buildable
 from ccexp.errors import CcexpError
+
+log = logging.getLogger("ccexp")
 
 _PRECISIONS = {"64", "64-true", "32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
                "transformer-engine", "transformer-engine-float16"}
@@ -34,12 +37,20 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     _check_missing(cfg)
     if multirun:
         refuse_relaunch_in_multirun(cfg)
-    if not 0 <= cfg.seed < 2**32:
-        raise CcexpError(f"seed={cfg.seed} is out of range; use an integer in [0, 2**32)")
+    for key in ("seed", "train.init_seed", "sampler.seed", "clusterer.seed", "selection.seed", "curate.dedup.seed"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not 0 <= value < 2**32:
+            raise CcexpError(f"{key}={value} is out of range; use an integer in [0, 2**32)")
+    if not (0 < cfg.report.min_effect < 1 and 0 < cfg.report.power < 1):
+        raise CcexpError(f"report.min_effect={cfg.report.min_effect} and report.power={cfg.report.power} must be in "
+                         "(0, 1)")
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
     if not 0.0 < cfg.data.heldout_fraction < 1.0:
         raise CcexpError(f"data.heldout_fraction={cfg.data.heldout_fraction} must be in (0, 1)")
+    if cfg.data.heldout_stratify is not None and cfg.data.heldout_stratify not in cfg.data.label_fields:
+        raise CcexpError(f"data.heldout_stratify={cfg.data.heldout_stratify!r} is not among data.label_fields "
+                         f"{list(cfg.data.label_fields)}; add it, e.g. data.label_fields=[{cfg.data.heldout_stratify}]")
     if cfg.selection.strategy not in ("random", "closest"):
         raise CcexpError(f"selection.strategy={cfg.selection.strategy!r} is not an option; use random or closest")
     if cfg.curate.dedup.enabled:
@@ -52,6 +63,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
         raise CcexpError(f"train.on_nonfinite={cfg.train.on_nonfinite!r} is not an option; use stop or skip_batch")
     _check_trainer(cfg)
     _check_token_budget(cfg)
+    _check_eval(cfg)
     _check_model(cfg)
     _check_components(cfg)
     out = Path(cfg.paths.outputs).expanduser()
@@ -103,7 +115,16 @@ def refuse_relaunch_in_multirun(cfg: DictConfig) -> None:
 
 def _check_keys_and_bounds(node: DictConfig, schema: type, prefix: str) -> None:
     """Unknown keys and the ``ge(low)`` bounds of ``schema``'s fields, recursively (a group's schema
-    is the one registered for its ``_target_``)."""
+    is the one registered for its ``_target_``). A value set directly is named before one that only
+    follows it by interpolation (``eval.max_tokens`` follows ``train.seq_len``: the error names the
+    setting to change)."""
+    derived: list[str] = []
+    _walk_keys_and_bounds(node, schema, prefix, derived)
+    if derived:
+        raise CcexpError(derived[0])
+
+
+def _walk_keys_and_bounds(node: DictConfig, schema: type, prefix: str, derived: list[str]) -> None:
     import typing
 
     fields = {f.name: f for f in dataclasses.fields(schema)}
@@ -121,14 +142,17 @@ def _check_keys_and_bounds(node: DictConfig, schema: type, prefix: str) -> None:
             value = OmegaConf.select(node, key)
             optional = type(None) in typing.get_args(hints[key])
             if value < low if value is not None else not optional:
-                raise CcexpError(f"{prefix}{key}={value} is out of range; it must be >= {low}")
+                message = f"{prefix}{key}={value} is out of range; it must be >= {low}"
+                if not node._get_node(key)._is_interpolation():
+                    raise CcexpError(message)
+                derived.append(message)
         child = node._get_node(key)  # the node itself: an interpolation is not resolved here
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             sub = (schemas.schema_for(key, child.get("_target_")) if not prefix and key in _GROUPS
                    else next((t for t in (hints[key], *typing.get_args(hints[key]))
                               if isinstance(t, type) and dataclasses.is_dataclass(t)), None))
             if sub is not None:
-                _check_keys_and_bounds(child, sub, f"{prefix}{key}.")
+                _walk_keys_and_bounds(child, sub, f"{prefix}{key}.", derived)
 
 
 def _check_trainer(cfg: DictConfig) -> None:
@@ -201,6 +225,23 @@ def _check_token_budget(cfg: DictConfig) -> None:
         raise CcexpError("sampler.reference_losses=auto trains the reference model on one device, not under "
                          f"{world} ranks; pass a file: a single-device run of this config writes it to "
                          "<paths.cache>/reference/<fingerprint>/reference_losses.npy")
+
+
+def _check_eval(cfg: DictConfig) -> None:
+    """The averaged weights' options; a warning when the held-out scoring reaches positions that a model
+    trained from scratch never trained (``eval.max_tokens`` > ``train.seq_len``)."""
+    e = cfg.eval
+    if e.average not in ("none", "ema", "tail"):
+        raise CcexpError(f"eval.average={e.average!r} is not an option; use ema, tail or none")
+    if not 0.0 < float(e.average_span) <= 1.0:
+        raise CcexpError(f"eval.average_span={e.average_span} must be in (0, 1]: the fraction of the run averaged")
+    if e.average != "none" and str(cfg.trainer.strategy).startswith("fsdp"):
+        raise CcexpError(f"eval.average={e.average} keeps a whole copy of the weights, which trainer.strategy=fsdp "
+                         "shards across ranks; set eval.average=none")
+    if "pretrained" not in cfg.model and e.max_tokens > cfg.train.seq_len:
+        log.warning("eval.max_tokens=%d scores positions up to %d, but the model is trained from scratch on rows of "
+                    "train.seq_len=%d tokens and never trained a later position; leave eval.max_tokens at its default "
+                    "(train.seq_len)", e.max_tokens, e.max_tokens, cfg.train.seq_len)
 
 
 def uses_reference_run(cfg: DictConfig) -> bool:
@@ -283,7 +324,7 @@ def _check_components(cfg: DictConfig) -> None:
     if uses_reference_run(cfg):  # the reference stage computes them
         extra["reference_losses"] = np.zeros(k)
     sampler = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
-                    seed=cfg.seed, **extra)
+                    **extra)
     sampler.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)
 
 

@@ -105,7 +105,8 @@ class Stages:
         fp = fingerprint("corpus", VERSIONS["corpus"], {**config, "file": path_digest(src)})
         result = self._run("corpus", fp, lambda tmp: {**write_corpus(
             reader.batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
-            label_fields=list(d.label_fields)), "source": str(src)},
+            label_fields=list(d.label_fields), stratify=d.heldout_stratify, min_per_value=int(d.heldout_min_per_value)),
+            "source": str(src)},
             lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} shard(s) from "
                       f"{Path(f['source']).name}")
         return open_corpus(result.path)
@@ -210,7 +211,8 @@ class Stages:
             report = write_cluster_report(tmp / "report", labels=finest.labels, sizes=finest.sizes,
                                           similarity=finest.similarity, texts=corpus.texts, label_values=corpus.labels,
                                           train_mask=~corpus.heldout,
-                                          title=f"{self.cfg.data.name} / {self.cfg.clusterer.name} seed {self.cfg.seed}")
+                                          title=f"{self.cfg.data.name} / {self.cfg.clusterer.name} seed "
+                                          f"{OmegaConf.select(self.cfg, 'clusterer.seed', default='-')}")
             return {"levels": [lv.k for lv in result.levels], "train_points": result.train_points,
                     "objective": result.objective, "largest": int(finest.sizes.max()),
                     "smallest": int(finest.sizes.min()), "empty": int((finest.sizes == 0).sum()), "report": report}
@@ -234,7 +236,7 @@ class Stages:
         d = self.cfg.curate.dedup
         if not d.enabled:
             return None
-        config = {"threshold": float(d.threshold), "keep": d.keep, "seed": self.cfg.seed, "examples": int(d.examples)}
+        config = {"threshold": float(d.threshold), "keep": d.keep, "seed": int(d.seed), "examples": int(d.examples)}
         fp = fingerprint("dedup", VERSIONS["dedup"], config, {"cluster": self.results["cluster"].fingerprint})
 
         def produce(tmp: Path) -> dict:
@@ -242,7 +244,7 @@ class Stages:
 
             finest = clustering.level(0)
             result = semantic_dedup(embeddings.vectors, finest.labels, d.threshold, mask=~corpus.heldout,
-                                    centroid_similarity=finest.similarity, keep=d.keep, seed=self.cfg.seed)
+                                    centroid_similarity=finest.similarity, keep=d.keep, seed=int(d.seed))
             np.save(tmp / "kept.npy", result.kept)
             write_dedup_report(tmp / "report", result, labels=finest.labels, k=finest.k, texts=corpus.texts,
                                label_values=corpus.labels, train_mask=~corpus.heldout, examples=int(d.examples))
@@ -396,7 +398,8 @@ class Stages:
         t = self.cfg.train
         trainer = {k: v for k, v in OmegaConf.to_container(self.cfg.trainer, resolve=True).items()
                    if k not in ("devices", "num_nodes", "strategy", "enable_progress_bar", "threads", "fsdp", "name")}
-        key = {"steps": steps, "documents": int(s.reference_documents), "seed": self.cfg.seed, "level": s.level,
+        key = {"steps": steps, "documents": int(s.reference_documents), "init_seed": int(t.init_seed),
+               "sampler_seed": int(s.seed), "level": s.level,
                "model": OmegaConf.to_container(self.cfg.model, resolve=True), "trainer": trainer,
                "train": {k: t[k] for k in ("tokens_per_step", "seq_len", "lr", "weight_decay", "warmup_steps",
                                             "max_doc_tokens", "document_mask", "micro_batch_size", "on_nonfinite")},
@@ -428,7 +431,8 @@ def _train_reference(cfg: DictConfig, steps: int, split: TrainSplit, tokenized: 
 
     ref = cfg.copy()
     with open_dict(ref):
-        ref.sampler = OmegaConf.structured(RandomConfig(name="random", level=cfg.sampler.level))
+        ref.sampler = OmegaConf.structured(RandomConfig(name="random", level=cfg.sampler.level,
+                                                        seed=int(cfg.sampler.seed)))
         ref.train.steps, ref.train.resume_from, ref.train.checkpoint_every_n_steps = steps, None, None
         ref.train.record_batches, ref.eval.every_n_steps = False, None
         ref.trainer.devices, ref.trainer.num_nodes, ref.trainer.strategy = 1, 1, "auto"
@@ -443,7 +447,7 @@ def _train_reference(cfg: DictConfig, steps: int, split: TrainSplit, tokenized: 
         except Interrupted as e:  # its checkpoint lives in the discarded stage folder: nothing to resume from
             raise Interrupted(e.signum, f"stopped by {e.name} while training DoReMi's reference model (the reference "
                               "stage is not kept; the next run trains it again)") from None
-        rng = np.random.default_rng([cfg.seed, 0x5245])  # "RE": the same sample for every DoReMi setting
+        rng = np.random.default_rng([int(cfg.sampler.seed), 0x5245])  # "RE": the same sample for every DoReMi setting
         docs = rng.permutation(split.train_docs)
         clusters = split.labels[docs]
         order = np.argsort(clusters, kind="stable")  # each cluster's first documents of the permutation
@@ -498,7 +502,7 @@ def select(cfg: DictConfig, corpus: Corpus, clustering: Clustering, kept: np.nda
         log.warning("select: selection.target=%d but only %s training documents are left%s; all are kept",
                     cfg.selection.target, f"{int(pool.sum()):,}", " after dedup" if kept is not None else "")
     selected = balanced_selection(clustering.levels, pool, cfg.selection.target,
-                                  strategy=cfg.selection.strategy, seed=cfg.seed)
+                                  strategy=cfg.selection.strategy, seed=int(cfg.selection.seed))
     log.info("select: %s of %s training documents kept, balanced over the %s clusters of %d level(s)",
              f"{int(selected.sum()):,}", f"{int(pool.sum()):,}", "/".join(str(lv.k) for lv in
                                                                                   clustering.levels), len(clustering.levels))

@@ -225,6 +225,13 @@ BAD_SETTINGS = [
      "clusterer.coarse_k=200 must be in 1..clusterer.k (100); or null for round(sqrt(k)) = 10"),
     (["clusterer=two_level", "clusterer.nprobe=0"], "clusterer.nprobe=0 is out of range"),
     (["data.shard_documents=0"], "data.shard_documents=0 is out of range"),
+    (["train.init_seed=-2"], "train.init_seed=-2 is out of range; use an integer in [0, 2**32)"),
+    (["sampler.seed=4294967296"], "sampler.seed=4294967296 is out of range; use an integer in [0, 2**32)"),
+    (["eval.average=swa"], "eval.average='swa' is not an option; use ema, tail or none"),
+    (["eval.average_span=0"], "eval.average_span=0.0 must be in (0, 1]: the fraction of the run averaged"),
+    (["data.heldout_stratify=group"], "data.heldout_stratify='group' is not among data.label_fields ['domain']; add it"),
+    (["data.heldout_min_per_value=-1"], "data.heldout_min_per_value=-1 is out of range"),
+    (["report.min_effect=0"], "report.min_effect=0.0 and report.power=0.8 must be in (0, 1)"),
 ]
 
 

@@ -38,20 +38,20 @@ def final_tokens(tmp_path):
                                                                        order_by=["attributes.start_time ASC"])]
 
 
-def final_ppl(tmp_path):
+def final_ppl(tmp_path, metric="eval/ppl"):
     client = MlflowClient(f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("ccexp")
-    return [r.data.metrics["eval/ppl"] for r in client.search_runs([exp.experiment_id],
-                                                                   order_by=["attributes.start_time ASC"])]
+    return [r.data.metrics[metric] for r in client.search_runs([exp.experiment_id],
+                                                               order_by=["attributes.start_time ASC"])]
 
 
 @pytest.mark.parametrize("sampler", [["sampler=clusterclip", "sampler.clip_threshold=3"],
                                      ["sampler=dynamic", "sampler.warmup_steps=2", "sampler.update_every=2"]])
 def test_resume_from_a_lightning_checkpoint_continues_the_same_stream(tmp_path, small_corpus, sampler):
-    full = run(tmp_path, small_corpus, "full", *sampler, "train.checkpoint_every_n_steps=5")
+    full = run(tmp_path, small_corpus, "full", *sampler, "train.checkpoint_every_n_steps=5", "eval.average=ema")
     ckpt = full / "checkpoints" / "step-5.ckpt"
     assert ckpt.is_file()
-    resumed = run(tmp_path, small_corpus, "resumed", *sampler, f"train.resume_from={ckpt}")
+    resumed = run(tmp_path, small_corpus, "resumed", *sampler, f"train.resume_from={ckpt}", "eval.average=ema")
     rows_full, steps_full = batches(full)
     rows_res, steps_res = batches(resumed)
     # 8 rows per step in micro-batches of 2: 4 micro-batches (gradient accumulation) per step
@@ -59,8 +59,10 @@ def test_resume_from_a_lightning_checkpoint_continues_the_same_stream(tmp_path, 
     assert steps_res.tolist() == [t for t in range(5, 12) for _ in range(4)]
     assert rows_res.keys() == {k for k in rows_full if k[0] >= 5}
     assert all(np.array_equal(rows_res[k], rows_full[k]) for k in rows_res)
-    ppl_full, ppl_resumed = final_ppl(tmp_path)
+    ppl_full, ppl_resumed = final_ppl(tmp_path, "eval/final/ppl")
     assert ppl_resumed == pytest.approx(ppl_full, rel=1e-4)  # same data, same optimizer state: same model
+    ema_full, ema_resumed = final_ppl(tmp_path)  # the headline: the averaged weights, saved in the checkpoint
+    assert ema_resumed == pytest.approx(ema_full, rel=1e-4) and ema_full != ppl_full
 
 
 @pytest.mark.slow

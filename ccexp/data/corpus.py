@@ -399,6 +399,36 @@ def split_heldout(ids: Sequence[str], fraction: float, salt: str = HELDOUT_SALT)
     return heldout
 
 
+def stratify_heldout(heldout: np.ndarray, values: Sequence[str], ids: Sequence[str], min_per_value: int,
+                     salt: str = HELDOUT_SALT) -> np.ndarray:
+    """bool[N]: ``heldout`` (the hash split) with more documents held out for every label value that has
+    fewer than ``min_per_value``: the value's training documents with the smallest id hashes (the
+    ones the hash split would hold out next), up to ``min_per_value`` held-out documents in all and
+    never more than half of the value's documents — so a rare domain's held-out perplexity rests on
+    enough documents to mean something, and the split stays a deterministic function of the ids.
+
+    Args:
+        heldout: bool[N] the hash split; values: N label values (str); ids: N document ids.
+        min_per_value: held-out documents every value should have (0: no change).
+    """
+    out = np.asarray(heldout, dtype=bool).copy()
+    if min_per_value <= 0:
+        return out
+    uniq, inv = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
+    counts = np.bincount(inv, minlength=uniq.size)
+    held = np.bincount(inv, weights=out, minlength=uniq.size).astype(np.int64)
+    want = np.minimum(min_per_value, counts // 2) - held
+    short = np.flatnonzero(want > 0)
+    if short.size == 0:
+        return out
+    candidates = np.flatnonzero(np.isin(inv, short) & ~out)
+    hashes = id_hash([ids[i] for i in candidates], salt)
+    order = candidates[np.lexsort((hashes, inv[candidates]))]  # by value, then by hash
+    rank = np.arange(order.size) - np.searchsorted(inv[order], inv[order])
+    out[order[rank < want[inv[order]]]] = True
+    return out
+
+
 def heldout_flags(ids: Sequence[str], fraction: float, salt: str = HELDOUT_SALT) -> np.ndarray:
     """bool[n]: :func:`split_heldout`'s decision for each of ``ids``, without its checks — for a corpus
     split shard by shard (the caller checks the whole with :func:`check_split`)."""

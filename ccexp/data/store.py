@@ -21,7 +21,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ccexp.data.corpus import Corpus, CorpusBatch, check_heldout_fraction, check_split, heldout_flags
+from ccexp.data.corpus import (Corpus, CorpusBatch, check_heldout_fraction, check_split, heldout_flags,
+                               stratify_heldout)
 
 log = logging.getLogger("ccexp")
 
@@ -30,17 +31,21 @@ _SHARD = "corpus-{:06d}.parquet"
 
 
 def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fraction: float,
-                 label_fields: Sequence[str] = ()) -> dict:
+                 label_fields: Sequence[str] = (), stratify: str | None = None, min_per_value: int = 0) -> dict:
     """Write each batch (one shard's documents) as ``out_dir/corpus-<i>.parquet`` with its held-out flags.
 
     Args:
         batches: validated documents, one batch per shard (e.g. ``CorpusReader.batches(shard_documents)``).
         heldout_fraction: the held-out share in (0, 1), decided per document by a hash of its id.
         label_fields: the label columns to write.
+        stratify, min_per_value: a label field of ``label_fields`` whose every value gets at least
+            ``min_per_value`` held-out documents (:func:`~ccexp.data.corpus.stratify_heldout`; the
+            shards are rewritten with the final flags); None: the hash split alone.
 
     Returns:
         figures: ``documents``, ``heldout``, ``shards``, ``content`` (a 16-hex-digit SHA-256 over every
-        document's id, text and held-out flag, in order: the same for any shard size) and ``label_fields``.
+        document's id, text and held-out flag, in order: the same for any shard size), ``label_fields``
+        and, when stratified, ``stratified_added`` (documents the stratification held out).
 
     Raises:
         CcexpError: from the reader, or if the split leaves no training or no held-out document.
@@ -66,10 +71,44 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
         if (now := time.perf_counter()) - last >= 10.0:
             last = now
             log.info("corpus: %s documents in %d shards, %.0f docs/s", f"{documents:,}", shards, documents / (now - t0))
+    figures = {"label_fields": list(label_fields)}
+    if stratify is not None and min_per_value > 0:
+        added = _stratify_shards(out_dir, shards, stratify, min_per_value)
+        content.update(f"stratified:{stratify}:{min_per_value}:".encode() + added.tobytes())
+        held_total += int(added.size)
+        figures["stratified_added"] = int(added.size)
     check_split(held_total, documents, heldout_fraction)
     (out_dir / "shards.json").write_text(json.dumps({"shards": shards, "documents": documents}))
     return {"documents": documents, "heldout": held_total, "shards": shards, "content": content.hexdigest()[:16],
-            "label_fields": list(label_fields)}
+            **figures}
+
+
+def _stratify_shards(out_dir: Path, shards: int, field: str, min_per_value: int) -> np.ndarray:
+    """Hold out more documents of the rare values of label ``field`` (:func:`stratify_heldout`) and rewrite
+    the shards whose flags changed; returns int64[m], the corpus indices newly held out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [out_dir / _SHARD.format(i) for i in range(shards)]
+    parts = [pq.read_table(f, columns=["id", "heldout", f"label.{field}"]) for f in files]
+    ids = [x for t in parts for x in t.column("id").to_pylist()]
+    values = [x for t in parts for x in t.column(f"label.{field}").to_pylist()]
+    before = np.concatenate([t.column("heldout").to_numpy() for t in parts]).astype(bool)
+    after = stratify_heldout(before, values, ids, min_per_value)
+    added = np.flatnonzero(after & ~before)
+    bounds = np.cumsum([0] + [t.num_rows for t in parts])
+    for i, f in enumerate(files):
+        flags = after[bounds[i]:bounds[i + 1]]
+        if (flags != before[bounds[i]:bounds[i + 1]]).any():
+            table = pq.read_table(f)
+            table = table.set_column(table.schema.get_field_index("heldout"), "heldout", pa.array(flags))
+            tmp = f.with_suffix(".tmp")
+            pq.write_table(table, tmp, row_group_size=ROW_GROUP)
+            tmp.replace(f)
+    if added.size:
+        log.info("corpus: %s more documents held out so every %s has at least %d (or half of its documents)",
+                 f"{added.size:,}", field, min_per_value)
+    return added
 
 
 def open_corpus(out_dir: Path) -> Corpus:

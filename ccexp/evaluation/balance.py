@@ -226,6 +226,22 @@ def write_label_report(out_dir: Path, *, name: str, label: str, names: list[str]
     return [png]
 
 
+def write_document_table(path: Path, per_document: dict[str, np.ndarray]) -> Path:
+    """``heldout_documents.csv``: one row per held-out document — its corpus index, cluster, scored tokens
+    and bytes, and summed NLL in nats under the headline weights — for paired bootstraps over the
+    held-out sample (two runs' rows pair by document)."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["document", "cluster", "tokens", "bytes", "nll"])
+        w.writerows(zip(per_document["document"].tolist(), per_document["cluster"].tolist(),
+                        per_document["tokens"].tolist(), per_document["bytes"].tolist(),
+                        (f"{x:.6f}" for x in per_document["nll"])))
+    return path
+
+
 def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, result,
                     labels: dict[str, list[str]] | None = None,
                     train_docs: np.ndarray | None = None) -> list[tuple[Path, str | None]]:
@@ -250,6 +266,8 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                 average_weights=sampler.average_weights() if hasattr(sampler, "average_weights")
                                 else None)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
+    if result.per_document is not None:
+        files.append((write_document_table(run_dir / "tables" / "heldout_documents.csv", result.per_document), "tables"))
     label_counts = corpus_tokens = None
     if fit.group_field is not None and module.num_groups:
         ids = fit.group_ids if train_docs is None else fit.group_ids[train_docs]

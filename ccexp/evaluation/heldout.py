@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from ccexp.data.corpus import Corpus, take
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
-from ccexp.evaluation.perplexity import document_nll, summarize
+from ccexp.evaluation.perplexity import document_nll, scored_bytes, summarize
 
 log = logging.getLogger("ccexp")
 
@@ -27,12 +27,15 @@ log = logging.getLogger("ccexp")
 class EvalResult:
     """metrics: ``ppl``, ``ppl_macro``, ... and ``lm_eval/<task>/<metric>``; per_cluster: arrays [K] of
     the held-out ``nll``, ``tokens``, ``documents`` and ``ppl`` (NaN when that part failed); seconds:
-    the evaluation's time; errors: part -> the one line of a part that failed."""
+    the evaluation's time; errors: part -> the one line of a part that failed; per_document: arrays [n]
+    of every held-out document's ``document``, ``cluster``, ``tokens``, ``bytes`` and ``nll`` (None
+    when the held-out part failed)."""
 
     metrics: dict[str, float]
     per_cluster: dict[str, np.ndarray]
     seconds: float
     errors: dict[str, str]
+    per_document: dict[str, np.ndarray] | None = None
 
     def for_mlflow(self, max_cluster_metrics: int, num_clusters: int) -> dict[str, float]:
         """``eval/*`` and ``lm_eval/*`` metrics (per-cluster ones only when K <= ``max_cluster_metrics``),
@@ -60,17 +63,32 @@ def isolated(part: str, errors: dict[str, str], run_dir: Path, fn, *args, **kwar
         return None
 
 
+# the final weights' figures logged beside the averaged weights' headline (eval/final/<name>)
+FINAL_METRICS = ("ppl", "ppl_macro", "ppl_worst", "ppl_rare", "ppl_common", "bpb", "bpb_macro")
+
+
 def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit, corpus: Corpus,
-             run_dir: Path) -> EvalResult:
+             run_dir: Path, average=None) -> EvalResult:
     """Score every held-out document on its first ``eval.max_tokens`` tokens and aggregate
-    (:mod:`ccexp.evaluation.perplexity`); then lm-eval when configured. Each part is :func:`isolated`."""
+    (:mod:`ccexp.evaluation.perplexity`); then lm-eval when configured. Each part is :func:`isolated`.
+
+    ``average`` (the averaged weights of ``eval.average``, or None): the headline metrics and lm-eval
+    are scored on it, and ``model``'s (the final weights') summary is kept as ``final/<name>``."""
     t0 = time.perf_counter()
     errors: dict[str, str] = {}
     held = split.heldout_docs
     held_labels = {k: take(v, held) for k, v in corpus.labels.items()}
-    report = isolated("heldout", errors, run_dir, heldout_perplexity, cfg, model, tokenized, split, held_labels,
-                      label_names(corpus.labels))
+    nbytes = isolated("bytes", errors, run_dir, scored_bytes, tokenized.tokenizer, tokenized.tokens, tokenized.offsets,
+                      held, cfg.eval.max_tokens, tokenized.prompt_tokens)
+    names = label_names(corpus.labels)
+    report = isolated("heldout", errors, run_dir, heldout_perplexity, cfg, model if average is None else average,
+                      tokenized, split, held_labels, names, nbytes)
     metrics = dict(report.metrics) if report else {}
+    if average is not None:
+        final = isolated("heldout_final", errors, run_dir, heldout_perplexity, cfg, model, tokenized, split,
+                         held_labels, names, nbytes, "final weights")
+        metrics.update({f"final/{k}": v for k, v in (final.metrics if final else {}).items() if k in FINAL_METRICS})
+        model = average
     metrics.update(label_document_counts(corpus.labels, held_labels))
     nan = np.full(split.num_clusters, np.nan)
     per_cluster = report.per_cluster if report else {"nll": nan, "tokens": np.zeros_like(nan),
@@ -83,23 +101,30 @@ def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSpl
         metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
         log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
                                           if k.endswith(("/acc", "/word_perplexity"))))
-    return EvalResult(metrics, per_cluster, time.perf_counter() - t0, errors)
+    return EvalResult(metrics, per_cluster, time.perf_counter() - t0, errors, report.per_document if report else None)
 
 
 def heldout_perplexity(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit,
-                       held_labels: dict[str, list[str]], names: dict[str, dict[str, str]] | None = None):
-    """Held-out perplexity overall, per cluster and per label (:class:`PerplexityReport`)."""
+                       held_labels: dict[str, list[str]], names: dict[str, dict[str, str]] | None = None,
+                       nbytes: np.ndarray | None = None, weights: str | None = None):
+    """Held-out perplexity overall, per cluster and per label, and bits per byte when ``nbytes``
+    (int64[n], the scored bytes of each held-out document) is given (:class:`PerplexityReport`);
+    ``weights`` names the weights in the log line (default: ``eval.average``'s)."""
     tok, held = tokenized.tokenizer, split.heldout_docs
     nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tokenized.separator_id,
                              prompt_tokens=tokenized.prompt_tokens,
                              pad_id=tok.pad_token_id, max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size,
                              device=next(model.parameters()).device)
     report = summarize(nll, ntok, split.labels[held], split.num_clusters, held_labels,
-                       min_cluster_docs=cfg.eval.min_cluster_docs, sizes=split.sizes, label_names=names)
+                       min_cluster_docs=cfg.eval.min_cluster_docs, sizes=split.sizes, label_names=names,
+                       nbytes=nbytes)
+    report.per_document = {"document": held, "cluster": split.labels[held], "tokens": ntok,
+                           "bytes": nbytes if nbytes is not None else np.zeros_like(ntok), "nll": nll}
     m = report.metrics
-    log.info("eval: held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d) over %d docs / %d tokens",
-             m["ppl"], m["ppl_macro"], m["ppl_worst"], int(m.get("ppl_worst_cluster", -1)),
-             int(m["heldout_documents"]), int(m["heldout_tokens"]))
+    weights = weights or {"ema": "EMA weights", "tail": "tail-averaged weights"}.get(cfg.eval.average, "final weights")
+    log.info("eval (%s): held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d), %.4f bits/byte over %d docs "
+             "/ %d tokens", weights, m["ppl"], m["ppl_macro"], m["ppl_worst"], int(m.get("ppl_worst_cluster", -1)),
+             m.get("bpb", float("nan")), int(m["heldout_documents"]), int(m["heldout_tokens"]))
     return report
 
 

@@ -200,12 +200,12 @@ def evaluate(cfg, model, tokenizer, heldout_texts: list[str], heldout_labels: di
         task_dir = run_dir / "lm_eval_tasks"
         label = lcfg.label_field if lcfg.label_field in heldout_labels else None
         tasks += write_local_tasks(task_dir, heldout_texts, heldout_labels[label] if label else None,
-                                   max_docs_per_task=lcfg.max_docs_per_task, mc_docs=lcfg.mc_docs, seed=cfg.seed,
+                                   max_docs_per_task=lcfg.max_docs_per_task, mc_docs=lcfg.mc_docs, seed=int(lcfg.seed),
                                    tokenizer=tokenizer, max_length=max_length)
     tasks += list(lcfg.tasks)
     device = str(next(model.parameters()).device)
     return run_lm_eval(model, tokenizer, task_dir, tasks, batch_size=lcfg.batch_size, max_length=max_length,
-                       limit=lcfg.limit, device=device, seed=cfg.seed)
+                       limit=lcfg.limit, device=device, seed=int(lcfg.seed))
 
 
 def check_tasks_offline(tasks: list[str]) -> None:

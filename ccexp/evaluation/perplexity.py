@@ -13,7 +13,11 @@ token so that every document token is predicted. Definitions (all perplexities a
 * ``ppl_rare`` / ``ppl_common``: token-weighted over the held-out documents of the clusters in the
   bottom / top quintile of training cluster size (when ``sizes`` is given);
 * ``ppl_<label>/<value>``: per label value, e.g. ``ppl_domain/code.go`` (the value made a safe,
-  distinct name by :func:`ccexp.names.safe_names`).
+  distinct name by :func:`ccexp.names.safe_names`);
+* ``bpb`` / ``bpb_macro`` (when the scored bytes are given): bits per UTF-8 byte of the scored text,
+  ``sum NLL / (ln 2 · sum bytes)`` over all held-out documents / the mean over clusters of each
+  cluster's — unlike perplexity it does not depend on the tokenizer, so models with different
+  vocabularies compare on it (Gao et al. 2020, "The Pile", §4; Heineman et al. 2025 use it too).
 """
 from __future__ import annotations
 
@@ -42,6 +46,32 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
     return loss, mask
 
 
+def scored_windows(offsets: np.ndarray, docs: np.ndarray, max_tokens: int,
+                   prompt_tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The window :func:`document_nll` reads of each document: ``begin`` (int64[n], its first token in the
+    corpus token array), ``context`` (int64[n], leading tokens that are context only: the kept end of an
+    instruction's prompt) and ``length`` (int64[n], tokens in the window, at most ``max_tokens``); the
+    scored tokens are ``tokens[begin + context : begin + length]``."""
+    docs = np.asarray(docs, dtype=np.int64)
+    begin = offsets[docs].astype(np.int64)
+    end = offsets[docs + 1]
+    context = np.zeros(docs.size, dtype=np.int64)
+    if prompt_tokens is not None:
+        context = np.minimum(prompt_tokens[docs], max_tokens // 2)
+        begin = begin + prompt_tokens[docs] - context
+    return begin, context, np.minimum(end - begin, max_tokens).astype(np.int64)
+
+
+def scored_bytes(tokenizer, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, max_tokens: int,
+                 prompt_tokens: np.ndarray | None = None) -> np.ndarray:
+    """int64[n]: UTF-8 bytes of the text of each document's scored tokens (:func:`scored_windows`),
+    decoded by ``tokenizer`` — the denominator of bits per byte."""
+    begin, context, length = scored_windows(offsets, docs, max_tokens, prompt_tokens)
+    pieces = [np.asarray(tokens[b + c:b + n]).tolist() for b, c, n in zip(begin, context, length)]
+    texts = tokenizer.batch_decode(pieces, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return np.fromiter((len(t.encode("utf-8")) for t in texts), dtype=np.int64, count=len(texts))
+
+
 @torch.no_grad()
 def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, *,
                  eos_id: int, pad_id: int, max_tokens: int, batch_size: int = 32,
@@ -56,13 +86,7 @@ def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray
     """
     model.eval()
     docs = np.asarray(docs, dtype=np.int64)
-    begin = offsets[docs].copy()
-    end = offsets[docs + 1]
-    context = np.zeros(docs.size, dtype=np.int64)  # leading tokens of each window that are not scored
-    if prompt_tokens is not None:
-        context = np.minimum(prompt_tokens[docs], max_tokens // 2)
-        begin = begin + prompt_tokens[docs] - context
-    lengths = np.minimum(end - begin, max_tokens)
+    begin, context, lengths = scored_windows(offsets, docs, max_tokens, prompt_tokens)
     nll = np.zeros(docs.size, dtype=np.float64)
     order = np.argsort(lengths, kind="stable")  # batch similar lengths together
     for start in range(0, docs.size, batch_size):
@@ -87,16 +111,21 @@ def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray
 class PerplexityReport:
     metrics: dict[str, float]
     per_cluster: dict[str, np.ndarray]  # cluster -> arrays: nll, tokens, documents, ppl (each [K])
+    # per scored document (arrays [n]): its corpus index, cluster, tokens, bytes and summed NLL (nats), for
+    # paired bootstraps over the held-out documents; None when the caller did not keep them
+    per_document: dict[str, np.ndarray] | None = None
 
 
 def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clusters: int,
               labels: dict[str, list[str]] | None = None, min_cluster_docs: int = 1,
-              sizes: np.ndarray | None = None, label_names: dict[str, dict[str, str]] | None = None) -> PerplexityReport:
+              sizes: np.ndarray | None = None, label_names: dict[str, dict[str, str]] | None = None,
+              nbytes: np.ndarray | None = None) -> PerplexityReport:
     """Aggregate per-document NLL into the metrics of the module docstring (vectorised bincounts).
 
     Args:
         nll: float64[n] summed NLL per document; ntok: int64[n] tokens per document;
-        clusters: int[n] cluster of each document; labels: name -> list of n strings.
+        clusters: int[n] cluster of each document; labels: name -> list of n strings;
+        nbytes: int64[n] UTF-8 bytes of each document's scored text (:func:`scored_bytes`), for ``bpb``.
     """
     clusters = np.asarray(clusters, dtype=np.int64)
     metrics = {"ppl": float(np.exp(nll.sum() / max(1, ntok.sum()))), "heldout_documents": float(nll.size),
@@ -122,6 +151,11 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
     metrics["ppl_worst"] = float(eligible[worst]) if worst >= 0 else float("nan")
     metrics["ppl_worst_cluster"] = float(worst)
     metrics["clusters_evaluated"] = float(present.sum())
+    if nbytes is not None and np.sum(nbytes) > 0:
+        metrics["bpb"] = float(nll.sum() / (np.log(2) * np.sum(nbytes)))
+        c_bytes = np.bincount(clusters, weights=nbytes, minlength=num_clusters)
+        has = scored & (c_bytes > 0)
+        metrics["bpb_macro"] = float(np.mean(c_nll[has] / (np.log(2) * c_bytes[has]))) if has.any() else float("nan")
     if sizes is not None and np.count_nonzero(sizes) >= 2:
         nonempty = np.flatnonzero(sizes > 0)
         by_size = nonempty[np.argsort(sizes[nonempty], kind="stable")]

@@ -134,6 +134,62 @@ class HeldoutCurve(Callback):
             self._evaluate(trainer, pl_module)
 
 
+class WeightAverage(Callback):
+    """Averaged weights of the model, updated after every optimizer step, for a held-out score that
+    depends less on the last few batches: the checkpoint-to-checkpoint noise that makes single final
+    checkpoints a noisy measure of a data choice (Heineman et al. 2025, "Signal and Noise", §5: average
+    over the end of training). ``kind="ema"``: ``w̄ ← d·w̄ + (1 − d)·w`` with ``d = 1 − 1/(span · steps)``
+    (an exponential moving average whose time constant is ``span`` of the run); ``kind="tail"``: the
+    uniform mean of the weights after each of the last ``ceil(span · steps)`` steps (SWA's average,
+    Izmailov et al. 2018, over the tail of the run). The averaging is
+    :class:`torch.optim.swa_utils.AveragedModel` over the parameters (not the buffers); its state is
+    saved in checkpoints, so a resumed run averages exactly as an uninterrupted one.
+
+    Args:
+        kind: ``ema`` or ``tail``; span: the fraction of the run in (0, 1]; total_steps: the run's steps.
+    """
+
+    def __init__(self, kind: str, span: float, total_steps: int):
+        self.kind, self.span, self.total_steps = kind, float(span), int(total_steps)
+        window = max(1, int(np.ceil(self.span * self.total_steps)))
+        self.decay = 1.0 - 1.0 / window
+        self.first_step = max(1, self.total_steps - window + 1) if kind == "tail" else 1  # 1-based optimizer steps
+        self.average = None  # AveragedModel of pl_module.model
+        self._pending: dict | None = None  # a checkpoint's state, loaded before setup built the average
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The averaged model (the same class as the trained one), or None before training."""
+        return None if self.average is None else self.average.module
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        if stage != "fit" or self.average is not None:
+            return
+        fn = {"multi_avg_fn": get_ema_multi_avg_fn(self.decay)} if self.kind == "ema" else {}
+        self.average = AveragedModel(pl_module.model, use_buffers=False, **fn)
+        self.average.requires_grad_(False)
+        if self._pending is not None:
+            self.average.load_state_dict(self._pending)
+            self._pending = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if bool(batch["last_micro"]) and trainer.global_step >= self.first_step:
+            self.average.update_parameters(pl_module.model)
+
+    def state_dict(self) -> dict:
+        return {} if self.average is None else {"average": self.average.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if "average" not in state_dict:
+            return
+        if self.average is None:
+            self._pending = state_dict["average"]
+        else:
+            self.average.load_state_dict(state_dict["average"])
+
+
 class StopOnSignal(Callback):
     """Stop on SIGTERM (Slurm, Kubernetes) or SIGINT (Ctrl-C) at the end of the current optimizer step,
     never mid-accumulation: the signal only sets a flag; at the step's last micro-batch the ranks agree

@@ -25,7 +25,8 @@ from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.names import safe_names
 from ccexp.sampling import Sampler
-from ccexp.training.callbacks import BatchRecorder, HeldoutCurve, ProgressLog, SamplerTelemetry, StopOnSignal
+from ccexp.training.callbacks import (BatchRecorder, HeldoutCurve, ProgressLog, SamplerTelemetry, StopOnSignal,
+                                      WeightAverage)
 from ccexp.training.data import SamplerDataModule
 from ccexp.training.module import CausalLMModule
 
@@ -53,7 +54,7 @@ def sampler_over(cfg: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths
     extra = dict(options)
     if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
         extra["similarity"] = np.zeros(labels.size, np.float32) if similarity is None else similarity
-    sampler = build(cfg.sampler, "sampler", labels=labels, sizes=sizes, block_size=block, seed=cfg.seed,
+    sampler = build(cfg.sampler, "sampler", labels=labels, sizes=sizes, block_size=block,
                     document_tokens=stream_len, token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1, **extra)
     if hasattr(sampler, "kept_size"):  # CluSTER's reduction
         log.info("cluster_dp: every cluster keeps %s documents (%s of %s training documents, keep=%s)",
@@ -84,6 +85,8 @@ def build_model(cfg: DictConfig, tokenized: TokenizedCorpus, pretrained: str | N
     from ccexp.config import world_size
     from ccexp.training.distributed import global_rank, uses_fsdp
 
+    torch.manual_seed(int(cfg.train.init_seed))  # the initialisation depends on train.init_seed alone, not on
+    # what the stages before it drew (a stage computed in this run, or reused from the cache)
     extra = {"pretrained": pretrained} if pretrained is not None else {}
     if pretrained is not None and uses_fsdp(cfg) and cfg.trainer.fsdp.load_weights == "rank0" and global_rank(
             world_size(cfg.trainer.devices, 1, cfg.trainer.accelerator)) != 0:
@@ -140,6 +143,7 @@ class FitResult:
     group_field: str | None = None  # the label whose values the module counted tokens for (module.group_*)
     group_names: list[str] | None = None  # its values, by group id
     group_ids: np.ndarray | None = None  # int64[N] each corpus document's group id
+    average: torch.nn.Module | None = None  # the averaged weights (eval.average), None when off
 
     def metrics(self) -> dict[str, float]:
         """``train/*`` and ``data/*`` figures of the run."""
@@ -176,7 +180,8 @@ def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: i
     return {"corpus": fingerprints.get("corpus"), "embedding": fingerprints.get("embed"),
             "clustering": fingerprints.get("cluster"), "clusters": int(num_clusters),
             "tokenizer": fingerprints.get("tokenize"), "sampler": settings(cfg.sampler),
-            "selection": settings(cfg.selection), "seed": int(cfg.seed), "model": settings(cfg.model),
+            "selection": settings(cfg.selection), "train.init_seed": int(cfg.train.init_seed),
+            "model": settings(cfg.model),
             "train.tokens_per_step": int(t.tokens_per_step), "train.seq_len": int(t.seq_len),
             "train.max_doc_tokens": t.max_doc_tokens, "train.document_mask": bool(t.document_mask),
             "train.grad_accumulation": int(t.grad_accumulation)}
@@ -232,8 +237,10 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
                             total_steps=cfg.train.steps, on_nonfinite=cfg.train.on_nonfinite, signature=signature,
                             num_groups=len(group_names))
     telemetry = SamplerTelemetry(sampler, cfg.train.log_every_n_steps)
+    average = WeightAverage(cfg.eval.average, cfg.eval.average_span, cfg.train.steps) \
+        if cfg.eval.average != "none" else None
     callbacks = [telemetry, ProgressLog(cfg.train.log_every_n_steps), build_curve(cfg, split, tokenized, labels),
-                 StopOnSignal(run_dir / "checkpoints" / "last.ckpt"),
+                 StopOnSignal(run_dir / "checkpoints" / "last.ckpt"), average,
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
     trainer = build_trainer(cfg, run_dir, logger, [c for c in callbacks if c is not None], model)
     trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
@@ -247,5 +254,8 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         dm.load_state_dict(state[type(dm).__qualname__])
         module.load_state_dict(state["state_dict"], strict=False)
+        if average is not None:
+            average.setup(trainer, module, "fit")
+            average.load_state_dict(state["callbacks"][average.state_key])
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
-                     group_field, group_names, groups)
+                     group_field, group_names, groups, None if average is None else average.model)
