@@ -39,35 +39,6 @@ def build_corpus(src: Path, out: Path) -> dict:
     return dict(counts.most_common())
 
 
-def curves_plot(client, runs, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = [("curve/ppl", "all tokens"), ("curve/ppl_macro", "macro over clusters"),
-               ("curve/ppl_worst", "worst cluster")]
-    samplers = sorted({r.data.tags["sampler"] for r in runs})
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (metric, label) in zip(axes, metrics):
-        for i, s in enumerate(samplers):
-            series = [{p.step: p.value for p in client.get_metric_history(r.info.run_id, metric)}
-                      for r in runs if r.data.tags["sampler"] == s]
-            steps = sorted(set.intersection(*(set(h) for h in series)))
-            values = np.array([[h[t] for t in steps] for h in series])
-            x = np.array(steps) / 1e6
-            ax.plot(x, values.mean(axis=0), color=f"C{i}", label=f"{s} (mean of {len(series)} seeds)")
-            ax.fill_between(x, values.min(axis=0), values.max(axis=0), color=f"C{i}", alpha=0.15)
-        ax.set(xlabel="tokens trained (millions)", ylabel="held-out perplexity (fixed sample)", yscale="log",
-               title=f"{label}")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{EXPERIMENT}: held-out perplexity during training (band: min-max over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def domains_plot(paired_csv: Path, path: Path) -> None:
     import csv
 
@@ -124,16 +95,13 @@ def main() -> None:
 
     from mlflow import MlflowClient
 
-    from ccexp.tracking.report import collect, latest_sweep, write_report
+    from ccexp.tracking.report import latest_sweep, write_report
 
     client = MlflowClient(f"sqlite:///{(args.outputs / 'mlflow.db').resolve()}")
     parent = latest_sweep(client, EXPERIMENT)
-    files = write_report(client, out_dir=args.out, parent_run_id=parent, experiment=EXPERIMENT, baseline="random")
-    runs = collect(client, parent_run_id=parent, experiment=EXPERIMENT)
-    curves_plot(client, runs, args.out / "curves.png")
-    domains_plot(args.out / "paired.csv", args.out / "domains.png")
-    print("study files:", ", ".join(str(p.relative_to(ROOT)) for p in [*files, args.out / "curves.png",
-                                                                      args.out / "domains.png"]))
+    files, _ = write_report(client, out_dir=args.out, parent_run_id=parent, experiment=EXPERIMENT, baseline="random")
+    domains_plot(args.out / "paired.csv", args.out / "domains.png")  # curves.png is the report's
+    print("study files:", ", ".join(str(p.relative_to(ROOT)) for p in [*files, args.out / "domains.png"]))
 
 
 if __name__ == "__main__":

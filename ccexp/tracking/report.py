@@ -1,63 +1,56 @@
 """Comparison report across runs: ``python -m ccexp.report``.
 
 Reads the runs of a sweep (the children of an MLflow parent run; by default the latest sweep) or of
-a whole experiment from the MLflow store, groups them by sampler, and writes, for every held-out and
-lm-eval metric, the mean over seeds with a 95 % confidence interval (Student's t with n-1 degrees
-of freedom; n/a for a single seed), and — against a baseline sampler (``--baseline``, default
-``random`` when present) — the *paired* difference of every other sampler, run by run with the same
-seed: the mean difference with its 95 % confidence interval (Student's t over the n pairs) and a
-mark where the interval excludes 0. Pairing by seed removes the variance the samplers share (the
-clustering and initialisation follow the seed), so it detects smaller effects than comparing the
-two means. The report also states whether every run trained on the same number of tokens.
-Files: ``report.md``, ``report.html``, ``comparison.csv``, ``paired.csv`` and ``comparison.png``
-(the headline metrics as bars with CI whiskers).
+a whole experiment from the MLflow store, groups them by sampler and leads with the **verdict**
+(:mod:`ccexp.tracking.verdict`): against a baseline sampler (``--baseline``, default ``random`` when
+present), every other sampler's *paired* difference on each headline metric, run by run with the
+same seed, with its 95 % confidence interval (Student's t over the pairs) and the word it earns —
+better, worse or unresolved — then signal and noise, the seeds a decision needs, and the command
+that adds them to the same sweep. Pairing by seed removes the variance the samplers share (the same
+initialisation, and by default the same clustering), so it detects smaller effects than comparing
+two means. Then the mean over seeds ± 95 % CI of every held-out and lm-eval metric per sampler, the
+per-cluster metrics (left out when the runs were clustered differently), and the runs' cost. The
+report states whether every run trained on the same number of tokens.
+Files: ``report.md``, ``report.html`` (the same, rendered), ``comparison.csv``, ``paired.csv`` and
+``comparison.png`` (the headline metrics as bars with CI whiskers).
 
 Usage:
     python -m ccexp.report                                   # latest sweep in outputs/mlflow.db
-    python -m ccexp.report --parent <run id> --out reports/x --baseline uniform
+    python -m ccexp.report --parent <run id> --out reports/x --baseline uniform --min-effect 0.01
     python -m ccexp.report --all-runs --experiment ccexp
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import html
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ccexp.errors import CcexpError
+from ccexp.tracking.stats import mean_ci
 
-HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common"]
-_PATTERNS = [r"eval/ppl(_macro|_worst|_rare|_common)?$", r"eval/ppl_[a-z_]+/.+", r"lm_eval/.+/(acc|acc_norm)$",
-             r"lm_eval/.+/word_perplexity$"]
+HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common", "eval/bpb",
+            "eval/bpb_macro"]
+_PATTERNS = [r"eval/ppl(_macro|_worst|_rare|_common)?$", r"eval/bpb(_macro)?$", r"eval/ppl_[a-z_]+/.+",
+             r"lm_eval/.+/(acc|acc_norm)$", r"lm_eval/.+/word_perplexity$"]
 # what a run cost: depends on the machine and what else ran on it, so it is kept apart from quality
 _COST = [r"train/tokens_per_s$", r"time/train_seconds$", r"time/total_seconds$"]
-
-
-def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """Mean and half-width of the ``level`` confidence interval (Student's t); half-width NaN for n < 2."""
-    from scipy import stats
-
-    x = np.asarray(values, dtype=float)
-    if x.size < 2:
-        return float(x.mean()) if x.size else math.nan, math.nan
-    half = stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
-    return float(x.mean()), float(half)
 
 
 def paired_differences(groups: dict[str, list], baseline: str, metrics: list[str]) -> dict[str, dict[str, dict]]:
     """Per metric and sampler: runs paired with the baseline's run of the same seed.
 
     Returns:
-        ``{metric: {sampler: {"mean", "half", "n", "significant"}}}`` with ``mean`` the mean of
-        (sampler − baseline) over the pairs, ``half`` the half-width of its 95 % confidence interval
-        (Student's t, n−1 degrees of freedom; NaN for n < 2) and ``significant`` true where the
-        interval excludes 0. Seeds with several runs in one group are not paired.
+        ``{metric: {sampler: {"mean", "half", "n", "significant", "diffs", "baseline_mean"}}}`` with
+        ``mean`` the mean of (sampler − baseline) over the pairs, ``half`` the half-width of its 95 %
+        confidence interval (Student's t, n−1 degrees of freedom; NaN for n < 2), ``significant`` true
+        where the interval excludes 0, ``diffs`` the differences seed by seed and ``baseline_mean`` the
+        baseline's mean over the paired seeds. Seeds with several runs in one group are not paired.
     """
     def by_seed(runs: list) -> dict[str, object]:
         seeds: dict[str, list] = {}
@@ -72,12 +65,14 @@ def paired_differences(groups: dict[str, list], baseline: str, metrics: list[str
             if g == baseline:
                 continue
             mine = by_seed(runs)
-            diffs = [mine[s].data.metrics[m] - base[s].data.metrics[m] for s in sorted(mine.keys() & base.keys())
+            seeds = [s for s in sorted(mine.keys() & base.keys())
                      if m in mine[s].data.metrics and m in base[s].data.metrics]
+            diffs = [mine[s].data.metrics[m] - base[s].data.metrics[m] for s in seeds]
             if diffs:
                 mean, half = mean_ci(diffs)
-                out.setdefault(m, {})[g] = {"mean": mean, "half": half, "n": len(diffs),
-                                            "significant": bool(not math.isnan(half) and abs(mean) > half)}
+                out.setdefault(m, {})[g] = {"mean": mean, "half": half, "n": len(diffs), "diffs": diffs,
+                                            "significant": bool(not math.isnan(half) and abs(mean) > half),
+                                            "baseline_mean": float(np.mean([base[s].data.metrics[m] for s in seeds]))}
     return out
 
 
@@ -92,7 +87,10 @@ def collect(client, *, parent_run_id: str | None = None, experiment: str = "ccex
             raise CcexpError(f"no MLflow experiment named {experiment!r} in this store")
         runs = [r for r in client.search_runs([exp.experiment_id], max_results=10000)
                 if r.data.tags.get("ccexp.sweep") != "true"]
-    return [r for r in runs if r.info.status == "FINISHED"]
+    newest: dict[str, object] = {}  # a configuration run again (a rerun job, the same command twice): its latest run
+    for r in sorted((r for r in runs if r.info.status == "FINISHED"), key=lambda r: r.info.start_time):
+        newest[r.info.run_name or r.info.run_id] = r
+    return list(newest.values())
 
 
 def latest_sweep(client, experiment: str = "ccexp") -> str:
@@ -106,8 +104,10 @@ def latest_sweep(client, experiment: str = "ccexp") -> str:
 
 @dataclass
 class Comparison:
-    """The runs grouped (by sampler), their metrics' mean ± 95 % CI per group, and the paired
-    differences against the baseline group (empty when there is none)."""
+    """The runs grouped (by sampler), their metrics' mean ± 95 % CI per group, the paired differences
+    against the baseline group (empty when there is none), and what the verdict needs: the smallest
+    effect that matters (``min_effect``, a share of the baseline's mean), the power, and the sweep's
+    folder and overrides (for the command that extends it)."""
 
     title: str
     groups: dict[str, list]
@@ -118,31 +118,54 @@ class Comparison:
     budget: str
     cost: list[str]
     notes: list[str]
+    per_cluster: list[str] = field(default_factory=list)
+    min_effect: float = 0.02
+    power: float = 0.8
+    sweep_dir: Path | None = None
+    task_overrides: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool) -> "Comparison":
+    def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,
+           **options) -> "Comparison":
         groups: dict[str, list] = {}
         for r in runs:
             groups.setdefault(r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?")), []).append(r)
         groups = dict(sorted(groups.items()))
         if require_baseline and baseline not in groups:
             raise CcexpError(f"--baseline {baseline!r} has no finished run here; the samplers are {', '.join(groups)}")
-        metrics = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _PATTERNS)}
-                         | _label_values_without_documents(runs),
-                         key=lambda k: (k not in HEADLINE, HEADLINE.index(k) if k in HEADLINE else 0, k))
+        found = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _PATTERNS)}
+                       | _label_values_without_documents(runs),
+                       key=lambda k: (k not in HEADLINE, HEADLINE.index(k) if k in HEADLINE else 0, k))
+        notes = _identical_streams(runs, group_by)
+        partitions = {_fingerprint(r, "cluster") for r in runs} - {None}
+        if len(partitions) > 1:
+            notes.append(f"the runs were clustered {len(partitions)} different ways (clusterer.seed or the clusterer's "
+                         "settings differ), so cluster c is not the same cluster in every run: the per-cluster rows are "
+                         "left out, and macro, worst, rare and common are each taken over the run's own clusters")
+        clusters = [] if len(partitions) > 1 else [k for k in found if k.startswith("eval/ppl_cluster/")]
+        metrics = [k for k in found if not k.startswith("eval/ppl_cluster/")]
         cost = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _COST)})
         table = {m: {g: mean_ci([r.data.metrics[m] for r in rs if m in r.data.metrics]) for g, rs in groups.items()}
-                 for m in metrics + cost}
+                 for m in metrics + clusters + cost}
         paired = paired_differences(groups, baseline, metrics) if baseline in groups and len(groups) > 1 else {}
         tokens = sorted({int(r.data.metrics.get("train/tokens", -1)) for r in runs})
         budget = (f"Every run trained on exactly {tokens[0]:,} tokens (a token-fair comparison)." if len(tokens) == 1
                   and tokens[0] >= 0 else "Warning: the runs trained on different numbers of tokens ("
                   + ", ".join(f"{t:,}" for t in tokens if t >= 0) + "): differences mix policy and compute.")
-        return cls(title, groups, metrics, table, paired, baseline, budget, cost, _identical_streams(runs, group_by))
+        return cls(title, groups, metrics, table, paired, baseline, budget, cost, notes, clusters, **options)
 
     @property
     def others(self) -> list[str]:
         return [g for g in self.groups if g != self.baseline]
+
+    def seeds(self, g: str) -> list[str]:
+        return sorted({r.data.params.get("seed", "?") for r in self.groups[g]}, key=lambda s: (len(s), s))
+
+    def identical_to_baseline(self, g: str) -> bool:
+        """True when every run of ``g`` trained on the identical token stream as the baseline's run of its seed."""
+        base = {r.data.params.get("seed"): r.data.tags.get("stream_digest") for r in self.groups.get(self.baseline, [])}
+        mine = [(r.data.params.get("seed"), r.data.tags.get("stream_digest")) for r in self.groups[g]]
+        return bool(mine) and all(d and base.get(s) == d for s, d in mine)
 
     def cell(self, m: str, g: str) -> str:
         mean, half = self.table[m][g]
@@ -166,22 +189,33 @@ class Comparison:
         ci = f" ± {d['half']:.2g}" if not math.isnan(d["half"]) else ""
         return f"{d['mean']:+.4g}{ci}{' *' if d['significant'] else ''} (n={d['n']})"
 
+    def verdict(self):
+        """(rows, extension command): :func:`ccexp.tracking.verdict.verdict_rows` and, for a sweep whose
+        primary metric needs more seeds, the command that adds them."""
+        from ccexp.tracking.verdict import extend_command, seeds_wanted, verdict_rows
+
+        rows = verdict_rows(self, self.min_effect, self.power)
+        seeds = sorted({s for g in self.groups for s in self.seeds(g)})
+        return rows, extend_command(self.sweep_dir, self.task_overrides, seeds, seeds_wanted(rows))
+
     def markdown(self) -> str:
+        from ccexp.tracking.verdict import verdict_markdown
+
         names = list(self.groups)
-        several = any(len({r.data.params.get("seed") for r in rs}) >= 2 for rs in self.groups.values())
+        several = any(len(self.seeds(g)) >= 2 for g in names)
         spread = ("Mean ± half-width of the 95 % confidence interval over seeds (Student's t); a sampler with one "
                   "seed has its mean only" if several else "One seed per sampler: means only, no confidence interval")
-        md = [f"# {self.title}", "", self.budget, "", f"{spread}; lower is better for perplexities, higher for "
-              "accuracies.", "",
-              "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-        md += [f"| {m} | " + " | ".join(self.cell(m, g) for g in names) + " |" for m in self.metrics]
-        if self.notes:
-            md += [""] + [f"Note: {n}" for n in self.notes]
-        if self.cost:
-            md += ["", "## Cost", "", "What the runs cost (not quality: it depends on the machine and on what else ran "
-                   "on it while they did).", "",
-                   "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-            md += [f"| {m} | " + " | ".join(self.cell(m, g) for g in names) + " |" for m in self.cost]
+        rows, command = self.verdict()
+        md = [f"# {self.title}", "", *verdict_markdown(self, rows, self.min_effect, self.power, command)]
+        for note in self.notes:
+            md += [f"Note: {note}", ""]
+
+        def table(metrics: list[str], cell) -> list[str]:
+            return ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)] + \
+                [f"| {m} | " + " | ".join(cell(m, g) for g in names) + " |" for m in metrics]
+
+        md += ["## Every metric", "", f"{spread}; lower is better for perplexities and bits per byte, higher for "
+               "accuracies.", "", *table(self.metrics, self.cell)]
         if self.paired:
             md += ["", f"## Paired differences against {self.baseline}", "",
                    f"Sampler − {self.baseline}, run by run with the same seed: mean ± half-width of the 95 % confidence "
@@ -189,43 +223,61 @@ class Comparison:
                    "negative difference is an improvement.", "",
                    "| metric | " + " | ".join(self.others) + " |", "|---|" + "---:|" * len(self.others)]
             md += [f"| {m} | " + " | ".join(self.diff(m, g) for g in self.others) + " |" for m in self.paired]
-        seeds = {g: sorted({r.data.params.get("seed", "?") for r in rs}) for g, rs in self.groups.items()}
-        md += ["", "Seeds: " + "; ".join(f"{g}: {', '.join(s)}" for g, s in seeds.items()), "",
+        if self.per_cluster:
+            md += ["", "## Per cluster", "", "Held-out perplexity of each cluster (the same clustering in every run).",
+                   "", *table(self.per_cluster, self.cell)]
+        if self.cost:
+            md += ["", "## Cost", "", "What the runs cost (not quality: it depends on the machine and on what else ran "
+                   "on it while they did).", "", *table(self.cost, self.cell)]
+        md += ["", "Seeds: " + "; ".join(f"{g}: {', '.join(self.seeds(g))}" for g in names), "",
                "![comparison](comparison.png)", ""]
+        if any("curve/ppl" in r.data.metrics for rs in self.groups.values() for r in rs):
+            md += ["![held-out curves](curves.png)", ""]
         return "\n".join(md)
 
     def html(self) -> str:
-        def table(rows: list[str], cols: list[str], cell) -> str:
-            head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-            body = "".join("<tr><td>" + html.escape(m) + "</td>" + "".join(f"<td>{html.escape(cell(m, g))}</td>"
-                                                                          for g in cols) + "</tr>" for m in rows)
-            return f"<table border=1 cellpadding=4><tr><th>metric</th>{head}</tr>{body}</table>"
+        """The Markdown report rendered (Python-Markdown, tables and code blocks), one page."""
+        import html
 
-        paired = (f"<h2>Paired differences against {html.escape(self.baseline)}</h2><p>Same seed, mean ± 95 % CI; "
-                  "* where the interval excludes 0.</p>" + table(list(self.paired), self.others, self.diff)
-                  ) if self.paired else ""
-        notes = "".join(f"<p>Note: {html.escape(n)}</p>" for n in self.notes)
-        cost = ("<h2>Cost</h2><p>Not quality: it depends on the machine and on what else ran on it.</p>"
-                + table(self.cost, list(self.groups), self.cell)) if self.cost else ""
+        import markdown
+
+        body = markdown.markdown(self.markdown(), extensions=["tables", "fenced_code"])
         return (f"<!doctype html><meta charset='utf-8'><title>{html.escape(self.title)}</title>"
-                f"<h1>{html.escape(self.title)}</h1><p>{html.escape(self.budget)}</p><p>Mean ± 95 % CI over seeds.</p>"
-                + table(self.metrics, list(self.groups), self.cell) + notes + cost + paired
-                + "<p><img src='comparison.png'></p>")
+                "<style>body{font-family:sans-serif;max-width:1400px;margin:1em auto;padding:0 1em}"
+                "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:3px 6px;"
+                "font-size:13px}td:not(:first-child){text-align:right}pre{background:#f4f4f4;padding:8px;"
+                "white-space:pre-wrap}</style>" + body)
 
     def write_csv(self, out_dir: Path, group_by: str) -> list[Path]:
         with open(out_dir / "comparison.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["metric", group_by, "mean", "ci95_half_width", "n"])
             w.writerows([m, g, *self.table[m][g], sum(m in r.data.metrics for r in rs)]
-                        for m in self.metrics + self.cost for g, rs in self.groups.items())
+                        for m in self.metrics + self.per_cluster + self.cost for g, rs in self.groups.items())
         if not self.paired:
             return [out_dir / "comparison.csv"]
+        rows = {(r.metric, r.sampler): r for r in self.verdict()[0]}
         with open(out_dir / "paired.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["metric", group_by, "baseline", "mean_difference", "ci95_half_width", "n_pairs", "significant"])
-            w.writerows([m, g, self.baseline, d["mean"], d["half"], d["n"], int(d["significant"])]
-                        for m, by in self.paired.items() for g, d in by.items())
+            w.writerow(["metric", group_by, "baseline", "mean_difference", "ci95_half_width", "n_pairs", "significant",
+                        "verdict", "relative_difference", "relative_ci95_half_width", "sd_difference",
+                        "seeds_to_resolve_observed", "seeds_to_detect_min_effect", "seeds_for_min_effect_ci"])
+            for m, by in self.paired.items():
+                for g, d in by.items():
+                    r = rows.get((m, g))
+                    extra = [r.verdict, r.rel_mean, r.rel_half, r.sd, r.seeds_observed, r.seeds_min_effect,
+                             r.seeds_half_width] if r else [""] * 7
+                    w.writerow([m, g, self.baseline, d["mean"], d["half"], d["n"], int(d["significant"]), *extra])
         return [out_dir / "comparison.csv", out_dir / "paired.csv"]
+
+
+def _fingerprint(run, stage: str) -> str | None:
+    """The ``stage`` fingerprint in a run's ``fingerprints`` tag (``corpus=..,cluster=..``), or None."""
+    for part in (run.data.tags.get("fingerprints") or "").split(","):
+        name, _, fp = part.partition("=")
+        if name == stage and fp:
+            return fp
+    return None
 
 
 def _label_values_without_documents(runs: list) -> set[str]:
@@ -257,13 +309,40 @@ def _identical_streams(runs: list, group_by: str) -> list[str]:
             "made no difference there" for g, s in same.items()]
 
 
+def sweep_context(client, parent_run_id: str | None) -> dict:
+    """What a sweep's parent run knows beyond its children: its folder and task overrides (for the command
+    that extends it) and the arms skipped before training as duplicates (a note)."""
+    if not parent_run_id:
+        return {}
+    import json
+
+    import yaml
+
+    tags = client.get_run(parent_run_id).data.tags
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for d in json.loads(tags.get("ccexp.duplicates", "[]")):
+        pairs.setdefault((d["sampler"], d["same_as"]), []).append(str(d["seed"]))
+    out: dict = {"notes": [f"{a} would have trained on the identical token stream as {b} (seed {', '.join(seeds)}), so "
+                           "its runs were skipped before training (report.skip_duplicates=false keeps them): at this "
+                           f"budget {a} is {b}" for (a, b), seeds in pairs.items()]}
+    sweep_dir = Path(tags["sweep_dir"]) if tags.get("sweep_dir") else None
+    if sweep_dir is not None and (sweep_dir / "multirun.yaml").is_file():
+        saved = yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}
+        out["sweep_dir"] = sweep_dir
+        out["task_overrides"] = list(((saved.get("hydra") or {}).get("overrides") or {}).get("task") or [])
+    return out
+
+
 def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, experiment: str = "ccexp",
-                 group_by: str = "sampler", baseline: str = "random", require_baseline: bool = False) -> list[Path]:
-    """Write the comparison files for the selected runs; return their paths.
+                 group_by: str = "sampler", baseline: str = "random", require_baseline: bool = False,
+                 min_effect: float = 0.02, power: float = 0.8) -> tuple[list[Path], "Comparison"]:
+    """Write the comparison files for the selected runs; return their paths and the comparison.
 
     Args:
         baseline: the group the paired differences are taken against; skipped when no run has it,
             unless ``require_baseline``.
+        min_effect: the smallest difference that matters, as a share of the baseline's mean (seeds needed);
+        power: the power those seeds should give.
 
     Raises:
         CcexpError: if there is no finished run, or ``require_baseline`` and no run of ``baseline``.
@@ -272,13 +351,54 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     if not runs:
         raise CcexpError("no finished runs to compare")
     title = f"ccexp comparison: {len(runs)} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
-    comparison = Comparison.of(runs, title=title, group_by=group_by, baseline=baseline, require_baseline=require_baseline)
+    context = sweep_context(client, parent_run_id)
+    comparison = Comparison.of(runs, title=title, group_by=group_by, baseline=baseline, require_baseline=require_baseline,
+                               min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
+                               task_overrides=context.get("task_overrides", []))
+    comparison.notes += context.get("notes", [])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.md").write_text(comparison.markdown())
     (out_dir / "report.html").write_text(comparison.html())
     tables = comparison.write_csv(out_dir, group_by)
     _plot(out_dir / "comparison.png", comparison, [m for m in HEADLINE if m in comparison.table] or comparison.metrics[:4])
-    return [out_dir / "report.md", out_dir / "report.html", *tables, out_dir / "comparison.png"]
+    curves = curves_plot(client, comparison.groups, out_dir / "curves.png", comparison.title)
+    return [out_dir / "report.md", out_dir / "report.html", *tables, out_dir / "comparison.png",
+            *([curves] if curves else [])], comparison
+
+
+def curves_plot(client, groups: dict[str, list], path: Path, title: str) -> Path | None:
+    """The held-out curves (``curve/ppl``, ``curve/ppl_macro``, ``curve/ppl_worst`` against tokens trained),
+    one line per group — the mean over its runs, with the min-max band — or None when no run has a curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("curve/ppl", "all tokens"), ("curve/ppl_macro", "macro over clusters"), ("curve/ppl_worst", "worst cluster")]
+    histories = {(g, m): [{p.step: p.value for p in client.get_metric_history(r.info.run_id, m)} for r in runs]
+                 for g, runs in groups.items() for m, _ in panels if hasattr(runs[0], "info")}
+    if not any(h for hs in histories.values() for h in hs):
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4.2))
+    for ax, (metric, label) in zip(axes, panels):
+        for i, g in enumerate(groups):
+            series = [h for h in histories.get((g, metric), []) if h]
+            steps = sorted(set.intersection(*(set(h) for h in series))) if series else []
+            if not steps:
+                continue
+            values = np.array([[h[t] for t in steps] for h in series])
+            x = np.array(steps) / 1e6
+            ax.plot(x, values.mean(axis=0), color=f"C{i}", label=f"{g} (mean of {len(series)} run(s))")
+            if len(series) > 1:
+                ax.fill_between(x, values.min(axis=0), values.max(axis=0), color=f"C{i}", alpha=0.15)
+        ax.set(xlabel="tokens trained (millions)", ylabel="held-out perplexity (fixed sample)", yscale="log", title=label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{title}: held-out perplexity during training (band: min-max over runs)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _plot(path: Path, comparison: "Comparison", metrics: list[str]) -> None:
@@ -319,7 +439,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="output folder (default outputs/reports/<sweep or experiment>)")
     ap.add_argument("--baseline", default=None,
                     help="sampler the paired differences are taken against (default: random, when the runs have it)")
+    ap.add_argument("--min-effect", type=float, default=0.02,
+                    help="the smallest difference that matters, as a share of the baseline's mean (default 0.02)")
+    ap.add_argument("--power", type=float, default=0.8, help="the power the seeds needed should give (default 0.8)")
     args = ap.parse_args(argv)
+    if not 0 < args.min_effect < 1 or not 0 < args.power < 1:
+        ap.error(f"--min-effect={args.min_effect} and --power={args.power} must be in (0, 1)")
     try:
         from mlflow import MlflowClient
 
@@ -333,8 +458,12 @@ def main(argv: list[str] | None = None) -> None:
         client = MlflowClient(uri)
         parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
         out = Path(args.out or Path("outputs") / "reports" / (parent or args.experiment))
-        files = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
-                             baseline=args.baseline or "random", require_baseline=args.baseline is not None)
+        files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
+                                         baseline=args.baseline or "random", require_baseline=args.baseline is not None,
+                                         min_effect=args.min_effect, power=args.power)
+        from ccexp.tracking.verdict import verdict_lines
+
+        print("\n".join(verdict_lines(comparison, *comparison.verdict())))
         print(f"report: {files[0]}")
     except CcexpError as e:
         print(f"ccexp.report: error: {e}", file=sys.stderr)

@@ -1,0 +1,180 @@
+"""The verdict of a comparison: for every sampler and headline metric, better / worse / unresolved
+against the baseline (the paired difference and its 95 % confidence interval), the signal and noise
+of each metric, how many seeds would decide it, and the command that adds them to the same sweep.
+
+:func:`verdict_rows` computes it from a :class:`~ccexp.tracking.report.Comparison`;
+:func:`verdict_markdown` is the report's first section and :func:`verdict_lines` the few lines a sweep
+prints when it ends. The statistics are :mod:`ccexp.tracking.stats`.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from ccexp.tracking.stats import MAX_SEEDS, seeds_for_half_width, seeds_to_detect, signal_and_noise, verdict
+
+# the metrics a verdict is given for, in this order (then every per-label perplexity), with their names
+HEADLINE_NAMES = {"eval/ppl": "overall ppl", "eval/ppl_macro": "macro ppl (clusters equal)",
+                  "eval/ppl_worst": "worst-cluster ppl", "eval/ppl_rare": "rarest-quintile ppl",
+                  "eval/ppl_common": "commonest-quintile ppl", "eval/bpb": "bits per byte",
+                  "eval/bpb_macro": "macro bits per byte"}
+PRIMARY = "eval/ppl_macro"  # the metric the extension command sizes the sweep for
+
+
+@dataclass
+class Row:
+    """One sampler against the baseline on one metric. ``mean``/``half``: the paired difference and the
+    half-width of its 95 % CI (metric units); ``rel_*``: the same as shares of the baseline's mean over
+    the pairs; ``sd``: the differences' standard deviation; ``seeds_*``: seeds for 80 % power to
+    resolve the observed difference / to detect ``min_effect`` of the baseline, and for a CI of
+    ``± min_effect`` (None where there is no estimate of ``sd`` yet)."""
+
+    metric: str
+    sampler: str
+    n: int
+    baseline_mean: float
+    mean: float
+    half: float
+    sd: float
+    verdict: str
+    seeds_observed: int | None
+    seeds_min_effect: int | None
+    seeds_half_width: int | None
+
+    @property
+    def rel_mean(self) -> float:
+        return self.mean / self.baseline_mean if self.baseline_mean else math.nan
+
+    @property
+    def rel_half(self) -> float:
+        return self.half / self.baseline_mean if self.baseline_mean else math.nan
+
+
+def verdict_metrics(metrics: list[str]) -> list[str]:
+    """The headline metrics present, then the per-label perplexities (``eval/ppl_<label>/<value>``)."""
+    labels = sorted(m for m in metrics if m.startswith("eval/ppl_") and "/" in m[len("eval/"):]
+                    and not m.startswith("eval/ppl_cluster/"))
+    return [m for m in HEADLINE_NAMES if m in metrics] + labels
+
+
+def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> list[Row]:
+    """Every (metric, sampler) of :func:`verdict_metrics` with a paired difference against the baseline."""
+    rows = []
+    for m in verdict_metrics(comparison.metrics):
+        for g, d in comparison.paired.get(m, {}).items():
+            diffs, base = d["diffs"], d["baseline_mean"]
+            sd = float(__import__("numpy").std(diffs, ddof=1)) if len(diffs) >= 2 else math.nan
+            lower = not m.startswith("lm_eval/") or m.endswith("perplexity")
+            known = not math.isnan(sd)
+            rows.append(Row(m, g, len(diffs), base, d["mean"], d["half"], sd,
+                            "identical stream" if comparison.identical_to_baseline(g) else
+                            verdict(d["mean"], d["half"], lower_is_better=lower),
+                            seeds_to_detect(d["mean"], sd, power=power) if known else None,
+                            seeds_to_detect(min_effect * abs(base), sd, power=power) if known and base else None,
+                            seeds_for_half_width(sd, min_effect * abs(base)) if known and base else None))
+    return rows
+
+
+def metric_name(m: str) -> str:
+    """A metric as the verdict names it: ``overall ppl``, ``ppl of domain = code.go``, ..."""
+    if m in HEADLINE_NAMES:
+        return HEADLINE_NAMES[m]
+    head, _, value = m.rpartition("/")
+    if head.startswith("eval/ppl_"):
+        return f"ppl of {head[len('eval/ppl_'):]} = {value}"
+    return m
+
+
+def _seeds(n: int | None) -> str:
+    return "n/a (2 seeds)" if n is None else f"> {MAX_SEEDS:,}" if n > MAX_SEEDS else f"{n:,}"
+
+
+def _diff(r: Row) -> str:
+    if math.isnan(r.half):
+        return f"{r.rel_mean:+.1%} ({r.mean:+.4g}, 1 pair: no interval)"
+    return f"{r.rel_mean:+.1%} ± {r.rel_half:.1%} ({r.mean:+.4g} ± {r.half:.2g}, n={r.n})"
+
+
+def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: float, command: str | None) -> list[str]:
+    """The report's first section: the verdict table, signal and noise, seeds needed, the command."""
+    base = comparison.baseline
+    samplers = [g for g in comparison.others if any(r.sampler == g for r in rows)]
+    if not rows:
+        return [f"## Verdict against {base}", "", "No sampler has a run paired with the baseline's (same seed): "
+                f"nothing to decide. Run {base} and the other samplers with the same seeds.", ""]
+    by = {(r.metric, r.sampler): r for r in rows}
+    metrics = list(dict.fromkeys(r.metric for r in rows))
+    md = [f"## Verdict against {base}", "",
+          f"{comparison.budget} Each sampler is paired with {base} seed by seed (same initialisation and data "
+          f"clustering); a difference is *better* or *worse* when its 95 % confidence interval (Student's t over the "
+          f"pairs) excludes 0, else *unresolved*. Differences are shown as a share of {base}'s mean, then in the "
+          "metric's units; lower is better for perplexity and bits per byte. Each row is its own test: among many "
+          "rows, about one in twenty differences that are not real will read better or worse by chance.", "",
+          f"| metric | {base} | " + " | ".join(f"{g} − {base}" for g in samplers) + " |",
+          "|---|---:|" + "---|" * len(samplers)]
+    for m in metrics:
+        first = next(r for r in rows if r.metric == m)
+        cells = [f"**{by[m, g].verdict}** {_diff(by[m, g])}" if (m, g) in by else "—" for g in samplers]
+        md.append(f"| {metric_name(m)} | {first.baseline_mean:.4g} | " + " | ".join(cells) + " |")
+    md += ["", "### Signal, noise and seeds needed", "",
+           "Noise: the seed-to-seed standard deviation within a sampler, pooled; signal: the spread between the "
+           "samplers' means (Heineman et al. 2025, \"Signal and Noise\"); both as a share of the mean. Seeds needed "
+           f"(paired two-sided t-test, α = 0.05, power {power:.0%}): to resolve the difference observed, to detect a "
+           f"difference of {min_effect:.0%} of {base}'s mean (`report.min_effect`), and for a confidence interval "
+           f"of ± {min_effect:.0%}.", "",
+           "| metric | noise | signal | signal / noise | " + " | ".join(
+               f"{g}: seeds now / to resolve observed / to detect {min_effect:.0%} / for ± {min_effect:.0%}"
+               for g in samplers) + " |", "|---|---:|---:|---:|" + "---|" * len(samplers)]
+    for m in metrics:
+        sn = signal_and_noise({g: [r.data.metrics[m] for r in rs if m in r.data.metrics]
+                               for g, rs in comparison.groups.items()})
+        cells = [f"{by[m, g].n} / {_seeds(by[m, g].seeds_observed)} / {_seeds(by[m, g].seeds_min_effect)} / "
+                 f"{_seeds(by[m, g].seeds_half_width)}" if (m, g) in by else "—" for g in samplers]
+        md.append(f"| {metric_name(m)} | {sn['noise_rel']:.1%} | {sn['signal_rel']:.1%} | {sn['snr']:.2f} | "
+                  + " | ".join(cells) + " |")
+    if command:
+        md += ["", f"To add the seeds that {HEADLINE_NAMES[PRIMARY]} needs to detect {min_effect:.0%} to this same "
+               "sweep (finished jobs and cached stages are reused, failed jobs rerun):", "", f"```bash\n{command}\n```"]
+    return md + [""]
+
+
+def seeds_wanted(rows: list[Row]) -> int | None:
+    """The seeds the primary metric needs: the most over samplers for detecting ``min_effect`` (None
+    without an estimate)."""
+    wanted = [r.seeds_min_effect for r in rows if r.metric == PRIMARY and r.seeds_min_effect is not None
+              and r.verdict != "identical stream"]
+    return min(max(wanted), MAX_SEEDS) if wanted else None
+
+
+def extend_command(sweep_dir: Path | None, task_overrides: list[str], seeds: list[str], wanted: int | None) -> str | None:
+    """``python -m ccexp -m ... seed=<the seeds so far and new ones> hydra.sweep.dir=<the same folder>``, or
+    None when there is no sweep folder, no estimate, or the sweep has the seeds already."""
+    if sweep_dir is None or wanted is None or len(seeds) >= wanted:
+        return None
+    have = sorted({int(s) for s in seeds if str(s).lstrip("-").isdigit()})
+    new = have + [s for s in range(max(have, default=-1) + 1, max(have, default=-1) + 1 + wanted) if s not in have]
+    new = new[:wanted]
+    seed = f"seed={','.join(map(str, new))}"
+    args = [seed if o.lstrip("+~").startswith("seed=") else o for o in task_overrides
+            if not o.lstrip("+~").startswith("hydra.sweep.dir=")]  # seed keeps its place: outermost stays outermost
+    args = (args if seed in args else args + [seed]) + [f"hydra.sweep.dir={sweep_dir}"]
+    return "python -m ccexp -m " + " ".join(shlex.quote(a) for a in args)
+
+
+def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]:
+    """A few lines for the end of a sweep: the primary metric's verdict per sampler and the command."""
+    primary = [r for r in rows if r.metric == PRIMARY] or [r for r in rows if r.metric == "eval/ppl"]
+    if not primary:
+        return []
+    name = HEADLINE_NAMES[primary[0].metric]
+    seeds = max(r.n for r in primary)
+    out = [f"verdict against {comparison.baseline} on {name} ({seeds} paired seed(s)):"]
+    for r in primary:
+        need = "" if r.verdict in ("better", "worse", "identical stream") else \
+            f"; about {_seeds(r.seeds_observed)} seeds would resolve it" if r.seeds_observed else ""
+        out.append(f"  {r.sampler}: {r.verdict}, {_diff(r)}{need}")
+    if command:
+        out.append(f"  add seeds: {command}")
+    return out

@@ -1,0 +1,80 @@
+"""The statistics of a comparison: the seeds a paired t-test needs (against the textbook values and the
+normal-approximation formula), the interval half-width, the verdict's words, signal and noise."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ccexp.tracking.stats import mean_ci, seeds_for_half_width, seeds_to_detect, signal_and_noise, verdict
+
+
+@pytest.mark.parametrize("effect,n", [(1.0, 10), (0.8, 15), (0.5, 34), (0.3, 90), (0.2, 199)])
+def test_seeds_to_detect_matches_the_textbook_paired_t_sample_sizes(effect, n):
+    """Paired t-test, two-sided alpha 0.05, power 0.8: Cohen (1988) / G*Power's sample sizes for
+    standardised effects d = delta / sd."""
+    assert seeds_to_detect(effect * 3.0, 3.0) == n
+
+
+def test_seeds_to_detect_on_a_constructed_example_matches_the_formula_and_its_power():
+    """Ten paired differences with mean 0.4 and SD 1.2 (d = 1/3): the estimate is the smallest n whose
+    exact power reaches 0.8, and the textbook formula n = (z_.975 + z_.8)^2 (sd/delta)^2 + z_.975^2 / 2
+    gives the same n within one seed."""
+    rng = np.random.default_rng(0)
+    diffs = rng.normal(size=10)
+    diffs = (diffs - diffs.mean()) / diffs.std(ddof=1) * 1.2 + 0.4
+    delta, sd = diffs.mean(), diffs.std(ddof=1)
+    assert delta == pytest.approx(0.4) and sd == pytest.approx(1.2)
+    n = seeds_to_detect(delta, sd)
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
+    formula = z**2 * (sd / delta) ** 2 + stats.norm.ppf(0.975) ** 2 / 2
+    assert abs(n - formula) <= 1
+
+    def power(k):
+        crit = stats.t.ppf(0.975, k - 1)
+        nc = math.sqrt(k) * delta / sd
+        return stats.nct.sf(crit, k - 1, nc) + stats.nct.cdf(-crit, k - 1, nc)
+
+    assert power(n) >= 0.8 > power(n - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sd=st.floats(0.01, 10), ratio=st.floats(0.05, 3), power=st.floats(0.5, 0.95))
+def test_more_noise_or_a_smaller_effect_never_needs_fewer_seeds(sd, ratio, power):
+    n = seeds_to_detect(ratio * sd, sd, power=power)
+    assert seeds_to_detect(ratio * sd, 1.5 * sd, power=power) >= n
+    assert seeds_to_detect(0.5 * ratio * sd, sd, power=power) >= n
+    assert seeds_to_detect(ratio * sd, sd, power=min(0.99, power + 0.04)) >= n
+
+
+@settings(max_examples=60, deadline=None)
+@given(sd=st.floats(0.01, 10), share=st.floats(0.02, 2))
+def test_seeds_for_half_width_is_the_smallest_n_whose_interval_fits(sd, share):
+    half = share * sd
+    n = seeds_for_half_width(sd, half)
+    assert stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) <= half
+    assert n == 2 or stats.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1) > half
+
+
+def test_the_verdict_says_better_or_worse_only_when_the_interval_excludes_zero():
+    assert verdict(-2.0, 1.0) == "better" and verdict(2.0, 1.0) == "worse"
+    assert verdict(-0.5, 1.0) == "unresolved" and verdict(-1.0, math.nan) == "unresolved"
+    assert verdict(0.3, 0.1, lower_is_better=False) == "better"  # an accuracy that rose
+
+
+def test_mean_ci_is_students_t():
+    x = [1.0, 2.0, 4.0]
+    mean, half = mean_ci(x)
+    assert mean == pytest.approx(7 / 3) and half == pytest.approx(stats.t.ppf(0.975, 2) * np.std(x, ddof=1) / 3 ** 0.5)
+    assert math.isnan(mean_ci([5.0])[1])
+
+
+def test_signal_is_the_spread_of_means_and_noise_the_pooled_seed_sd():
+    groups = {"a": [10.0, 12.0], "b": [20.0, 24.0]}
+    sn = signal_and_noise(groups)
+    assert sn["signal"] == pytest.approx(11.0) and sn["noise"] == pytest.approx(math.sqrt((2.0 + 8.0) / 2))
+    assert sn["snr"] == pytest.approx(11.0 / math.sqrt(5.0)) and sn["signal_rel"] == pytest.approx(11.0 / 16.5)
