@@ -17,10 +17,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from ccexp.conf import CONFIG_DIR  # noqa: F401  (re-exported: the shipped config folder)
 from ccexp.config import register
-from ccexp.errors import CcexpError
+from ccexp.errors import CcexpError, one_line
 
-CONFIG_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package (pkg://ccexp.conf)
 log = logging.getLogger("ccexp")
 register()
 
@@ -35,11 +35,14 @@ def main(cfg: DictConfig) -> float:
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    overrides = list(HydraConfig.get().overrides.task)
+    if multirun and kept_or_skipped(cfg, job_dir, overrides):
+        return float("nan")
     try:
         metrics = run(cfg, job_dir, multirun=multirun)
     except Interrupted as e:
         if multirun:
-            write_job_status(job_dir, "KILLED", str(e))
+            write_job_status(job_dir, "KILLED", str(e), overrides)
         raise
     except Exception as e:
         message = user_message(e)
@@ -50,11 +53,32 @@ def main(cfg: DictConfig) -> float:
             fail(message)
         # in a sweep the next job still runs: the line goes to this job's log and status file
         log.error("ccexp: error: %s", message or f"{type(e).__name__}: {e}", exc_info=message is None)
-        write_job_status(job_dir, "FAILED", message or f"{type(e).__name__}: {e} (traceback in {job_dir}/ccexp.log)")
+        write_job_status(job_dir, "FAILED", message or f"{type(e).__name__}: {e} (traceback in {job_dir}/ccexp.log)",
+                         overrides)
         return float("nan")
     if multirun:
-        write_job_status(job_dir, "FINISHED")
+        write_job_status(job_dir, "FINISHED", "", overrides)
     return float(metrics.get("ppl_macro", float("nan")))
+
+
+def kept_or_skipped(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> bool:
+    """True when this sweep job does not train: it finished in an earlier launch into the same sweep
+    folder (kept), or it would train on the identical token stream as an earlier job of the sweep
+    (skipped, unless ``report.skip_duplicates=false``); says which in one line."""
+    from ccexp.tracking.arms import duplicate_of
+    from ccexp.tracking.sweep import finished_before, write_job_status
+
+    if finished_before(job_dir, overrides):
+        log.info("sweep: job %s finished in an earlier launch of this sweep: kept, not retrained", job_dir.name)
+        return True
+    duplicate = duplicate_of(job_dir, overrides)
+    if duplicate is None or not cfg.report.skip_duplicates:
+        return False
+    message = (f"identical token stream as job #{duplicate['same_as_job']} ({duplicate['same_as_label']}): "
+               "skipped before training; report.skip_duplicates=false keeps it")
+    log.info("sweep: job %s (%s): %s", job_dir.name, duplicate["label"], message)
+    write_job_status(job_dir, "SKIPPED", message, overrides)
+    return True
 
 
 def user_message(exc: BaseException) -> str | None:
@@ -97,32 +121,6 @@ def fail(message: str, code: int = 2) -> None:
     which would otherwise add its own "Error executing job" line)."""
     print(f"ccexp: error: {with_retired_hint(message)}", file=sys.stderr)
     sys.exit(code)
-
-
-def one_line(exc: BaseException) -> str:
-    """Condense Hydra/OmegaConf error text into one line: drop the search-path dump and the
-    full_key/object_type details, list available options comma-separated, and append the
-    underlying cause (e.g. the type error behind "Error merging override")."""
-    parts: list[str] = []
-    options: list[str] = []
-    for ln in (x.strip() for x in str(exc).splitlines()):
-        if ln.startswith("Config search path"):
-            break
-        if not ln or ln.startswith(("Set the environment variable HYDRA_FULL_ERROR", "full_key:", "object_type=",
-                                    "reference_type=", "Traceback")):
-            continue
-        if ln.startswith("Available options"):
-            parts.append(ln)
-        elif parts and parts[-1].startswith("Available options") and " " not in ln:
-            options.append(ln)
-        else:
-            parts.append(ln)
-    text = " ".join(p + (" " + ", ".join(options) if p.startswith("Available options") else "") for p in parts)
-    text = text.replace("CcexpError raised while resolving interpolation: ", "")  # ours, from a resolver
-    cause = exc.__cause__
-    if cause is not None and str(cause).strip():
-        text += " (" + one_line(cause) + ")"
-    return text
 
 
 def _raise_interrupted(signum, frame) -> None:

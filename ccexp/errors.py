@@ -32,3 +32,29 @@ class Interrupted(BaseException):
 class Refused(BaseException):
     """A :class:`CcexpError` raised where a framework would swallow an ``Exception`` (Hydra catches
     what its callbacks raise): the CLI prints it as one line and exits with status 2."""
+
+
+def one_line(exc: BaseException) -> str:
+    """Condense Hydra/OmegaConf error text into one line: drop the search-path dump and the
+    full_key/object_type details, list available options comma-separated, and append the
+    underlying cause (e.g. the type error behind "Error merging override")."""
+    parts: list[str] = []
+    options: list[str] = []
+    for ln in (x.strip() for x in str(exc).splitlines()):
+        if ln.startswith("Config search path"):
+            break
+        if not ln or ln.startswith(("Set the environment variable HYDRA_FULL_ERROR", "full_key:", "object_type=",
+                                    "reference_type=", "Traceback")):
+            continue
+        if ln.startswith("Available options"):
+            parts.append(ln)
+        elif parts and parts[-1].startswith("Available options") and " " not in ln:
+            options.append(ln)
+        else:
+            parts.append(ln)
+    text = " ".join(p + (" " + ", ".join(options) if p.startswith("Available options") else "") for p in parts)
+    text = text.replace("CcexpError raised while resolving interpolation: ", "")  # ours, from a resolver
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        text += " (" + one_line(cause) + ")"
+    return text

@@ -189,15 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_intermixed_args(argv[1:])
     if not 0 < args.gpu_gb < float("inf"):
         ap.error(f"--gpu-gb={args.gpu_gb} must be a number of GB > 0")
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ccexp.__main__ import CONFIG_DIR
+    from ccexp.config import compose
 
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
-            cfg = compose("config", overrides=args.overrides)
+        cfg = compose(args.overrides)
         from ccexp.preflight import check_fsdp_options
 
         check_fsdp_options(cfg.trainer)
@@ -210,24 +208,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """The Cartesian product of comma-list overrides (Hydra's override grammar), one list per plan."""
+    """The Cartesian product of comma-list overrides (Hydra's override grammar), one list per plan or
+    sweep job, as Hydra's basic sweeper expands them: a key given twice keeps its first place and its
+    last value, and the first key varies slowest."""
     import itertools
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-               else [o.input_line] for o in parsed]
-    return [list(c) for c in itertools.product(*choices)]
+    choices: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                        else [o.input_line])
+    return [list(c) for c in itertools.product(*choices.values())]
 
 
 def stream_main(overrides: list[str]) -> int:
     """The stream plan of every combination of ``overrides``; see the module docstring."""
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ccexp.__main__ import CONFIG_DIR
+    from ccexp.config import compose
     from ccexp.runtime import quiet_libraries
 
     quiet_libraries()
@@ -236,8 +237,7 @@ def stream_main(overrides: list[str]) -> int:
         variants = expand_sweep(overrides)
         plans = []
         for variant in variants:
-            with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
-                cfg = compose("config", overrides=variant)
+            cfg = compose(variant)
             plans.append((label_of(variant, overrides), cfg, stream_plan(cfg)))
         out = write_plans(plans)
     except (CcexpError, HydraException, OmegaConfBaseException) as err:
@@ -249,7 +249,7 @@ def stream_main(overrides: list[str]) -> int:
 def error_line(err: BaseException) -> int:
     """Print bad input as the one ``ccexp: error:`` line (a CcexpError behind a Hydra error is shown
     as itself) and return exit status 2."""
-    from ccexp.__main__ import one_line
+    from ccexp.errors import one_line
 
     cause = err if isinstance(err, CcexpError) else err.__cause__ or err.__context__
     print("ccexp: error: " + (str(cause) if isinstance(cause, CcexpError) else one_line(err)), file=sys.stderr)

@@ -54,12 +54,14 @@ def test_c01_a_relaunching_strategy_in_a_sweep_is_refused_before_any_job(tmp_pat
 
 
 def test_c02_one_bad_job_fails_alone_and_the_sweep_reports_what_finished(tmp_path):
-    proc = ccexp(tmp_path, "tiny.jsonl", "-m", "sampler=clusterclip", "sampler.clip_threshold=0,5,0")
+    proc = ccexp(tmp_path, "tiny.jsonl", "-m", "sampler=clusterclip", "sampler.clip_threshold=0,5,-1")
     line = one_line(proc, 1)
     assert "2 sweep job(s) failed" in line and line.count("clip_threshold must be an integer >= 1") == 2
     jobs = sorted((tmp_path / "out").glob("multirun/*/*/*/status.json"))
-    statuses = [json.loads(p.read_text())["status"] for p in jobs]
-    assert statuses == ["FAILED", "FINISHED", "FAILED"]
+    statuses = {next(o for o in s["overrides"] if o.startswith("sampler.clip_threshold=")): s["status"]
+                for s in (json.loads(p.read_text()) for p in jobs)}
+    assert statuses == {"sampler.clip_threshold=0": "FAILED", "sampler.clip_threshold=5": "FINISHED",
+                        "sampler.clip_threshold=-1": "FAILED"}
     for p in jobs:  # each failed job has its line in its own log
         if json.loads(p.read_text())["status"] == "FAILED":
             assert "clip_threshold must be an integer >= 1" in (p.parent / "ccexp.log").read_text()

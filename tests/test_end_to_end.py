@@ -1,6 +1,7 @@
 """The whole pipeline through the real CLI: a three-sampler x two-seed multirun on a small real corpus,
-with lm-eval, logged to a real MLflow SQLite store under a parent run, sharing one embedding (and one
-clustering per seed), then the comparison report and the MLflow server's REST API."""
+with lm-eval, logged to a real MLflow SQLite store under a parent run, sharing one embedding and one
+clustering; its ClusterClip arm cannot clip at this budget, so it is flagged as uniform's duplicate
+before any training and skipped; then the comparison report and the MLflow server's REST API."""
 from __future__ import annotations
 
 import re
@@ -38,8 +39,8 @@ def runs(out, seed=None):
 def test_sweep_logs_one_finished_run_per_job_with_readable_names(sweep):
     out, _ = sweep
     _, rs = runs(out)
-    expected = [(s, seed) for s in ("random", "uniform", "clusterclip") for seed in (0, 1)]
-    assert len(rs) == 6 and all(r.info.status == "FINISHED" for r in rs)
+    expected = [(s, seed) for s in ("random", "uniform") for seed in (0, 1)]
+    assert len(rs) == 4 and all(r.info.status == "FINISHED" for r in rs)
     for r, (sampler, seed) in zip(rs, expected):
         assert re.fullmatch(rf"{sampler}-k4-s{seed}-[0-9a-f]{{4}}", r.info.run_name), r.info.run_name
         assert r.data.tags["data"] == "jsonl" and r.data.tags["model"] == "tiny_gpt"
@@ -67,7 +68,7 @@ def test_each_run_has_lm_eval_metrics_and_a_balance_report(sweep):
         arts = {a.path for a in client.list_artifacts(r.info.run_id, "balance")}
         assert {"balance/mix.png", "balance/mix_over_time.png", "balance/repetition.png", "balance/ppl_vs_size.png",
                 "balance/balance.md", "balance/label_domain.png"} <= arts
-    md = next((out / "multirun").rglob("0-*/balance/balance.md")).read_text()
+    md = next((out / "multirun").rglob("random-s0-*/balance/balance.md")).read_text()
     rows = [ln for ln in md.split("## Per domain")[1].splitlines() if ln.startswith("| ")][1:]  # after the header
     assert len(rows) == 9  # every domain of the corpus, with its token shares and held-out perplexity
     assert abs(sum(float(r.split("|")[4]) for r in rows) - 1.0) < 1e-3  # trained-token shares add up
@@ -112,23 +113,39 @@ def test_runs_hold_config_params_loss_and_per_cluster_and_domain_perplexity(swee
         assert any(x["heldout_ppl"] for x in rows) and all(x["domain"] for x in rows)
 
 
-def test_sweep_embeds_once_and_clusters_once_per_seed(sweep):
+def test_two_seeds_share_one_clustering_and_the_sweep_embeds_once(sweep):
     out, log = sweep
     _, rs = runs(out)
     reused = [(r.data.metrics["cache/embed_reused"], r.data.metrics["cache/cluster_reused"]) for r in rs]
-    assert reused == [(0.0, 0.0), (1.0, 0.0)] + [(1.0, 1.0)] * 4  # the clusterer's seed follows the run's seed
-    assert len(re.findall(r"embed: .*reused=False", log)) == 1 and len(re.findall(r"embed: .*reused=True", log)) == 5
-    assert len(list((out / "cache" / "embed").iterdir())) == 1 and len(list((out / "cache" / "cluster").iterdir())) == 2
-    for seed in (0, 1):
-        assert len({r.data.tags["fingerprints"] for r in runs(out, seed)[1]}) == 1
-    assert len(list(out.glob("multirun/*/*/*/checkpoints/last.ckpt"))) == 6
+    assert reused == [(1.0, 1.0)] * 4  # computed once, before any job, by the sweep's plan of its arms
+    assert len(re.findall(r"embed: .*reused=False", log)) == 1 and len(re.findall(r"cluster: .*reused=False", log)) == 1
+    assert len(list((out / "cache" / "embed").iterdir())) == 1 and len(list((out / "cache" / "cluster").iterdir())) == 1
+    assert len({r.data.tags["fingerprints"] for r in rs}) == 1  # seed 0 and seed 1: the same partition
+    assert {r.data.params["clusterer.seed"] for r in rs} == {"0"} and {r.data.params["seed"] for r in rs} == {"0", "1"}
+    assert len(list(out.glob("multirun/*/*/*/checkpoints/last.ckpt"))) == 4
+
+
+def test_a_clusterclip_arm_that_cannot_clip_is_flagged_before_training_and_skipped(sweep):
+    import json
+
+    out, log = sweep
+    flagged = [m.start() for m in re.finditer(r"sweep: job #\d \(sampler=clusterclip seed=\d\) would train on the "
+                                              r"identical token stream as job #\d \(sampler=uniform seed=\d\): "
+                                              r"skipped", log)]
+    assert len(flagged) == 2 and max(flagged) < log.index("train: step")  # said before any training
+    statuses = [json.loads(p.read_text()) for p in out.glob("multirun/*/*/clusterclip-*/status.json")]
+    assert len(statuses) == 2 and {s["status"] for s in statuses} == {"SKIPPED"}
+    assert not list(out.glob("multirun/*/*/clusterclip-*/checkpoints"))  # nothing trained
+    assert "4 of 6 job(s) finished, 2 skipped as duplicate arms" in log
+    report = next(out.glob("multirun/*/*/report/report.md")).read_text()
+    assert "clusterclip would have trained on the identical token stream as uniform (seed 0, 1)" in report
 
 
 def test_balanced_samplers_trained_on_a_flatter_cluster_mix_than_random(sweep):
     out, _ = sweep
     _, rs = runs(out, seed=0)
     kl = {r.data.tags["sampler"]: r.data.metrics["sampler/kl_to_uniform"] for r in rs}
-    assert kl["uniform"] < kl["random"] and kl["clusterclip"] < kl["random"]
+    assert kl["uniform"] < kl["random"]
 
 
 def test_comparison_report_gives_mean_and_95_ci_over_seeds(sweep, tmp_path):
@@ -208,7 +225,7 @@ def test_mlflow_server_serves_the_sweep_over_rest(sweep, tmp_path):
         parent_id = parent["info"]["run_id"]
         children = post("runs/search", {"experiment_ids": [exp["experiment_id"]],
                                         "filter": f"tags.mlflow.parentRunId = '{parent_id}'"})["runs"]
-        assert len(children) == 6
+        assert len(children) == 4
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

@@ -370,7 +370,8 @@ def test_a_two_job_sweep_through_submitit_reaches_mlflow_under_one_parent(tmp_pa
     assert all(r.info.status == "FINISHED" for r in rs)
     sweep = next((tmp_path / "out" / "multirun").glob("*/*"))
     assert (sweep / ".submitit").is_dir() and (sweep / "report" / "report.md").is_file()
-    assert sorted(p.name for p in sweep.iterdir() if p.name[0].isdigit()) == ["0-random", "1-uniform"]
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / ".hydra").is_dir())
+    assert len(jobs) == 2 and jobs[0].startswith("random-s0-") and jobs[1].startswith("uniform-s0-")
 
 
 # -- SmolLM2 and CluSTER end to end on CPU ----------------------------------------------------------

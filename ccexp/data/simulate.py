@@ -50,6 +50,7 @@ class StreamPlan:
     repetition_histogram: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     corpus_tokens: np.ndarray | None = None  # int64[K] the training split's tokens per cluster (stream lengths)
+    digest: str = ""  # the stream's digest (TokenStream.digest): equal digests = the identical token stream
 
 
 def step_cluster_tokens(stream: TokenStream, plan, labels: np.ndarray, num_clusters: int) -> np.ndarray:
@@ -99,7 +100,7 @@ def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_st
             log.info("plan: step %d/%d, %s tokens, %.0f steps/s", step + 1, steps, f"{int(tokens.sum()):,}",
                      (step + 1) / (now - t0))
     return StreamPlan(steps, tokens_per_step, sampler.exposure(), tokens, clipped_at, sampler.sizes.copy(), history,
-                      sampler.repetition_histogram(), time.perf_counter() - t0, corpus_tokens)
+                      sampler.repetition_histogram(), time.perf_counter() - t0, corpus_tokens, stream.digest)
 
 
 def synthetic_corpus(num_clusters: int, num_documents: int, *, zipf: float = 1.0, mean_tokens: float = 500.0,

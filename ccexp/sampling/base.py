@@ -59,6 +59,9 @@ class Sampler(ABC):
 
     name = "base"
     num_lanes = 1
+    # True for a policy whose draws depend on the training losses (observe()): its stream cannot be
+    # known before training, so no model-free plan can tell it identical to another's
+    needs_feedback = False
 
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  document_tokens: np.ndarray | None = None, token_budget: int | None = None):

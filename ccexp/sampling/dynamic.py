@@ -119,6 +119,8 @@ class DynamicSampler(UniformSampler):
 
     name = "dynamic"
 
+    needs_feedback = True  # its weights follow the per-cluster training loss
+
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  document_tokens: np.ndarray | None = None, token_budget: int | None = None, rule: str = "odm",
                  update_every: int = 1, warmup_steps: int = 50, beta: float = 0.9, eta: float = 1.0,

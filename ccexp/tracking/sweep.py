@@ -1,19 +1,26 @@
-"""Sweeps that finish what can finish: job status files, an MLflow parent run that is always closed, a
-comparison report of the jobs that finished, and a summary of the ones that did not.
+"""Sweeps that finish what can finish, and can be extended: job status files, an MLflow parent run that
+is always closed, duplicate arms skipped before training, a comparison report with its verdict, and
+a summary of the jobs that did not finish.
 
 :class:`MlflowSweepCallback` is a Hydra callback (``hydra.callbacks`` in ``ccexp/conf/config.yaml``).
 When a multirun starts it refuses, in one line and before any job, a Lightning strategy that would
-re-launch the script (the children would re-run the whole sweep), then creates one MLflow run for the
-sweep and exports its id as ``CCEXP_PARENT_RUN_ID``; every job's run carries the
+re-launch the script (the children would re-run the whole sweep); then it plans every job's token
+stream and records the jobs that would train on the identical stream as an earlier job
+(:mod:`ccexp.tracking.arms`; the entry point skips them), and creates one MLflow run for the sweep —
+or reopens the one recorded in the folder's ``sweep.json`` when the sweep is launched again into the
+same ``hydra.sweep.dir`` — exporting its id as ``CCEXP_PARENT_RUN_ID``; every job's run carries the
 ``mlflow.parentRunId`` tag, which the MLflow UI uses to nest the jobs under the sweep.
 
-Every job writes ``status.json`` into its folder (:func:`write_job_status`): FINISHED, or FAILED /
-KILLED with its one error line — a failing job does not stop the sweep (the entry point turns its
-error into a status instead of an exception). When the multirun ends the callback reads the job
+Every job writes ``status.json`` into its folder (:func:`write_job_status`), with its overrides:
+FINISHED, SKIPPED (a duplicate arm), or FAILED / KILLED with its one error line — a failing job does
+not stop the sweep (the entry point turns its error into a status instead of an exception). Job
+folders are named by what sets the job apart (``<sampler>-s<seed>-<hash of its overrides>``), so a
+job launched again into the same sweep folder finds its own: a FINISHED job is kept, not retrained
+(:func:`finished_before`), a failed one runs again. When the multirun ends the callback reads the job
 folders, writes the comparison report of the finished jobs into the sweep folder (logged on the
-parent), closes the parent FINISHED or FAILED, and leaves the failures in :data:`LAST_SWEEP_FAILURES`
-for the entry point to print and exit non-zero. The status files work for any launcher (in-process,
-joblib, Slurm), since they live on the file system.
+parent), prints its verdict, closes the parent FINISHED or FAILED, and leaves the failures in
+:data:`LAST_SWEEP_FAILURES` for the entry point to print and exit non-zero. The status files work
+for any launcher (in-process, joblib, Slurm), since they live on the file system.
 """
 from __future__ import annotations
 
@@ -32,12 +39,25 @@ LAST_SWEEP_FAILURES: list[str] = []  # "#<job> (<overrides>): <line>" of the las
 _ACTIVE: "MlflowSweepCallback | None" = None  # the running sweep, so an interrupt can close its parent
 
 
-def write_job_status(job_dir: Path, status: str, message: str = "") -> None:
-    """Record a job's end: ``status`` FINISHED, FAILED or KILLED, with its one-line ``message``."""
+def write_job_status(job_dir: Path, status: str, message: str = "", overrides: list[str] | None = None) -> None:
+    """Record a job's end: ``status`` FINISHED, SKIPPED, FAILED or KILLED, with its one-line ``message``
+    and the ``overrides`` that set the job (so a later launch into the same folder recognises it)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     tmp = job_dir / f".{STATUS_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"status": status, "message": message}))
+    tmp.write_text(json.dumps({"status": status, "message": message, "overrides": list(overrides or [])}))
     os.replace(tmp, job_dir / STATUS_FILE)
+
+
+def finished_before(job_dir: Path, overrides: list[str]) -> bool:
+    """True when ``job_dir`` holds the FINISHED status of a job with the same ``overrides``: an earlier launch
+    of this sweep trained it, so it is kept, not retrained."""
+    from ccexp.tracking.arms import same_job
+
+    path = job_dir / STATUS_FILE
+    if not path.is_file():
+        return False
+    status = json.loads(path.read_text())
+    return status.get("status") == "FINISHED" and same_job(status.get("overrides") or [], overrides)
 
 
 def job_statuses(sweep_dir: Path) -> list[tuple[str, str, str, str]]:
@@ -83,35 +103,77 @@ class MlflowSweepCallback(Callback):
         from ccexp.config import sweep_id
 
         os.environ["CCEXP_SWEEP_ID"] = sweep_id()  # jobs in other processes (submitit) share the sweep folder
+        sweep_dir = Path(config.hydra.sweep.dir)
+        from ccexp.tracking.arms import check_arms
+
+        try:
+            duplicates = check_arms(config, sweep_dir)  # before any training: jobs with identical streams
+        except CcexpError as e:
+            raise Refused(str(e)) from None
         if not config.logger.enabled:
             return
-        from ccexp.tracking.mlflow_run import PARENT_ENV, ensure_experiment, open_store, tracking_uri
+        from ccexp.tracking.mlflow_run import PARENT_ENV
+
+        self.uri, run = self._parent_run(config, sweep_dir)
+        self.parent_id = run.info.run_id
+        from mlflow import MlflowClient
+
+        MlflowClient(self.uri).set_tag(self.parent_id, "ccexp.duplicates", json.dumps(
+            [{k: d[k] for k in ("job", "sampler", "seed", "same_as", "same_as_job")} for d in duplicates])[:5000])
+        os.environ[PARENT_ENV] = self.parent_id
+
+    @staticmethod
+    def _parent_run(config: DictConfig, sweep_dir: Path):
+        """(tracking URI, the sweep's MLflow parent run): the one ``<sweep_dir>/sweep.json`` names when this
+        sweep folder was launched before into the same store (reopened: the sweep is being extended or
+        resumed), else a new one, recorded there."""
+        from ccexp.tracking.mlflow_run import ensure_experiment, open_store, tracking_uri
 
         outputs = Path(config.paths.outputs).resolve()
-        self.uri = tracking_uri(config.logger.tracking_uri, outputs)
-        client = open_store(self.uri)
+        uri = tracking_uri(config.logger.tracking_uri, outputs)
+        client = open_store(uri)
         experiment_id = ensure_experiment(client, config.logger.experiment,
                                           config.logger.artifact_location or outputs / "mlartifacts")
-        sweep_dir = Path(config.hydra.sweep.dir)
         overrides = " ".join(config.hydra.overrides.task)
+        record = sweep_dir / "sweep.json"
+        saved = json.loads(record.read_text()) if record.is_file() else {}
+        if saved.get("tracking_uri") == uri:
+            from mlflow.exceptions import MlflowException
+
+            try:
+                run = client.get_run(saved["parent_run_id"])
+            except MlflowException:
+                run = None
+            if run is not None and run.info.experiment_id == experiment_id:
+                client.update_run(run.info.run_id, status="RUNNING")
+                client.set_tag(run.info.run_id, "overrides", overrides[:5000])
+                log.info("mlflow: sweep parent run %s (%s) reopened: this sweep folder was launched before; its "
+                         "finished jobs are kept", run.info.run_name, run.info.run_id)
+                return uri, run
         run = client.create_run(experiment_id, run_name=f"sweep-{sweep_dir.parent.name}-{sweep_dir.name}",
                                 tags={"ccexp.sweep": "true", "sweep_dir": str(sweep_dir.resolve()),
                                       "overrides": overrides[:5000]})
-        self.parent_id = run.info.run_id
-        os.environ[PARENT_ENV] = self.parent_id
-        log.info("mlflow: sweep parent run %s (%s)", run.info.run_name, self.parent_id)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        tmp = sweep_dir / f".sweep.json.{os.getpid()}"
+        tmp.write_text(json.dumps({"tracking_uri": uri, "parent_run_id": run.info.run_id}))
+        os.replace(tmp, record)
+        log.info("mlflow: sweep parent run %s (%s)", run.info.run_name, run.info.run_id)
+        return uri, run
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _ACTIVE
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = job_statuses(sweep_dir)
-        failed = [f"#{job} ({overrides}): {message}" for job, overrides, status, message in jobs if status != "FINISHED"]
+        failed = [f"#{job} ({overrides}): {message}" for job, overrides, status, message in jobs
+                  if status not in ("FINISHED", "SKIPPED")]
+        skipped = sum(status == "SKIPPED" for _, _, status, _ in jobs)
         LAST_SWEEP_FAILURES[:] = failed
-        log.info("sweep: %d of %d job(s) finished%s", len(jobs) - len(failed), len(jobs),
+        log.info("sweep: %d of %d job(s) finished%s%s", len(jobs) - len(failed) - skipped, len(jobs),
+                 f", {skipped} skipped as duplicate arms" if skipped else "",
                  "; failed: " + "; ".join(failed) if failed else "")
         try:
-            if self.parent_id is not None and len(failed) < len(jobs):
-                self._report(sweep_dir / "report")
+            if self.parent_id is not None and len(failed) + skipped < len(jobs):
+                self._report(sweep_dir / "report", config.report)
         finally:
             self.close("FAILED" if failed else "FINISHED")
             _ACTIVE = None
@@ -120,15 +182,19 @@ class MlflowSweepCallback(Callback):
             os.environ.pop("CCEXP_SWEEP_ID", None)
             _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
 
-    def _report(self, out: Path) -> None:
+    def _report(self, out: Path, options: DictConfig) -> None:
         from mlflow import MlflowClient
 
         from ccexp.tracking.report import write_report
+        from ccexp.tracking.verdict import verdict_lines
 
         client = MlflowClient(self.uri)
-        files = write_report(client, parent_run_id=self.parent_id, out_dir=out)
+        files, comparison = write_report(client, parent_run_id=self.parent_id, out_dir=out, baseline=options.baseline,
+                                         min_effect=float(options.min_effect), power=float(options.power))
         for path in files:
             client.log_artifact(self.parent_id, str(path), "report")
+        for line in verdict_lines(comparison, *comparison.verdict()):
+            log.info("%s", line)
         log.info("report: %s", out / "report.md")
 
     def close(self, status: str) -> None:
