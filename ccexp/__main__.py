@@ -45,7 +45,7 @@ def main(cfg: DictConfig) -> float:
             write_job_status(job_dir, "KILLED", str(e), overrides)
         raise
     except Exception as e:
-        message = user_message(e)
+        message = user_message(e, cfg.paths.outputs)
         if not multirun:
             if message is None:
                 raise  # a bug: keep the traceback
@@ -81,15 +81,17 @@ def kept_or_skipped(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> boo
     return True
 
 
-def user_message(exc: BaseException) -> str | None:
-    """The one line for an error a user can fix, or None for a bug."""
+def user_message(exc: BaseException, outputs: str | None = None) -> str | None:
+    """The one line for an error a user can fix (a full disk under ``outputs`` among them), or None for a bug."""
     from omegaconf.errors import MissingMandatoryValue
+
+    from ccexp.errors import disk_full_line
 
     if isinstance(exc, MissingMandatoryValue):
         return f"{exc.full_key} is required and has no value; set it on the command line, e.g. {exc.full_key}=..."
     if isinstance(exc, CcexpError):
         return with_retired_hint(str(exc))
-    return None
+    return disk_full_line(exc, outputs)
 
 
 # settings that no longer exist, and what replaced them (appended to the error that names them)
@@ -124,8 +126,12 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def _raise_interrupted(signum, frame) -> None:
+    import signal
+
     from ccexp.errors import Interrupted
 
+    for other in (signal.SIGINT, signal.SIGTERM):  # while the run closes (MLflow KILLED, status files), no
+        signal.signal(other, signal.SIG_IGN)       # further signal may cut the closing short
     raise Interrupted(signum)
 
 
@@ -140,6 +146,7 @@ def cli() -> None:
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we print user errors as one line
     signal.signal(signal.SIGTERM, _raise_interrupted)  # training replaces it to stop at a step boundary
+    signal.signal(signal.SIGINT, _raise_interrupted)  # not KeyboardInterrupt, on which Lightning exits with status 1
     try:
         main()
     except (Interrupted, KeyboardInterrupt) as e:
@@ -155,9 +162,14 @@ def cli() -> None:
         close_active_sweep("FAILED")
         cause = e.__cause__ or e.__context__
         fail(str(cause) if isinstance(cause, CcexpError) else one_line(e))
-    except Exception:
+    except Exception as e:
         close_active_sweep("FAILED")  # a crash of the sweep itself (e.g. its launcher): never leave it RUNNING
-        raise
+        from ccexp.errors import disk_full_line
+
+        line = disk_full_line(e)
+        if line is None:
+            raise
+        fail(line)
     if LAST_SWEEP_FAILURES:
         fail(f"{len(LAST_SWEEP_FAILURES)} sweep job(s) failed: " + " | ".join(LAST_SWEEP_FAILURES), code=1)
 

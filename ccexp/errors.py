@@ -58,3 +58,38 @@ def one_line(exc: BaseException) -> str:
     if cause is not None and str(cause).strip():
         text += " (" + one_line(cause) + ")"
     return text
+
+
+def disk_full_line(exc: BaseException, folder=None) -> str | None:
+    """The one line for an error caused by a full disk (or a quota), or None for any other: an ``OSError``
+    ENOSPC/EDQUOT anywhere in the exception's chain, SQLite's "database or disk is full", or a failed
+    write when the disk holding ``folder`` has (almost) no space left (torch reports a failed checkpoint
+    write as a RuntimeError)."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    where = folder
+    full = False
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a copy's target is filename2
+            full, where = True, e.filename2 or e.filename or where
+        elif "database or disk is full" in str(e) or "No space left on device" in str(e):
+            full = True
+    if not full and folder is not None and any("write" in str(e).lower() for e in chain):
+        try:
+            full = shutil.disk_usage(Path(folder).expanduser()).free < (1 << 20)
+        except OSError:
+            full = False
+    if not full:
+        return None
+    place = Path(str(where or ".")).expanduser()
+    place = place if place.is_dir() else place.parent
+    return (f"no space left on the disk holding {place}: free some space there, or set paths.outputs to a folder "
+            "on a larger disk; stages, checkpoints and the MLflow store are written whole or not at all, so nothing "
+            "half-written was kept and the same command can run again")

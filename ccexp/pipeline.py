@@ -16,9 +16,10 @@ from ccexp import stages
 from ccexp.artifacts import StageStore
 from ccexp.evaluation.balance import write_run_files
 from ccexp.evaluation.heldout import evaluate
-from ccexp.preflight import preflight
+from ccexp.preflight import check_cluster_counts, preflight
 from ccexp.runtime import quiet_libraries
-from ccexp.tracking.mlflow_run import RunRecord
+from ccexp.tracking.mlflow_run import RunRecord, run_name
+from ccexp.tracking.resume import find_resume
 from ccexp.training import runner
 
 log = logging.getLogger("ccexp")
@@ -37,6 +38,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     # 1. preprocessing: cached stages that return typed artifacts
     stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
     corpus = stage.corpus()
+    check_cluster_counts(cfg, int((~corpus.heldout).sum()))  # before the embedding is paid for
     pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
     embeddings = stage.embed(corpus, pretrained)
     clustering = stage.cluster(corpus, embeddings)
@@ -52,10 +54,11 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     # 3. train, evaluate, record
     tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name, "run_dir": str(run_dir),
             "recipe": cfg.recipe_name or "none"}
-    with RunRecord(cfg, outputs, run_dir, tags) as record:
+    resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs)  # a checkpoint, and its MLflow run
+    with RunRecord(cfg, outputs, run_dir, tags, continue_run=resume.run_id) as record:
         signature = runner.run_signature(cfg, stage.fingerprints(), split.num_clusters)
         fit = runner.fit(cfg, run_dir, record.logger, stream, model, tokenized, split, corpus.labels,
-                         signature=signature, resume_from=record.resume_checkpoint(cfg.train.resume_from, outputs))
+                         signature=signature, resume_from=resume.checkpoint)
         if not fit.is_global_zero:
             return {}
         result = evaluate(cfg, fit.model, tokenized, split, corpus, run_dir, average=fit.average)

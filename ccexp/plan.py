@@ -282,8 +282,11 @@ def stream_plan(cfg):
         from ccexp import stages
         from ccexp.artifacts import StageStore
 
+        from ccexp.preflight import check_cluster_counts
+
         stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
         corpus = stage.corpus()
+        check_cluster_counts(cfg, int((~corpus.heldout).sum()))
         pretrained = stage.model()
         embeddings = stage.embed(corpus, pretrained)
         clustering = stage.cluster(corpus, embeddings)

@@ -83,6 +83,9 @@ def preflight_stream(cfg: DictConfig) -> None:
         _check_missing(cfg)
     if cfg.plan.source not in ("corpus", "synthetic"):
         raise CcexpError(f"plan.source={cfg.plan.source!r} is not an option; use corpus or synthetic")
+    if cfg.plan.source == "synthetic" and cfg.plan.clusters > cfg.plan.documents:
+        raise CcexpError(f"plan.clusters={cfg.plan.clusters} is more than plan.documents={cfg.plan.documents}: every "
+                         f"synthetic cluster needs a document; set plan.clusters <= {cfg.plan.documents}")
     _check_token_budget(cfg)
     _check_components(cfg)
 
@@ -257,9 +260,9 @@ def _check_model(cfg: DictConfig) -> None:
         raise CcexpError(f"model.tokenizer.kind={m.tokenizer.kind!r} is not an option; use bpe or pretrained")
     if "n_head" in m and (m.n_head < 1 or m.n_embd % m.n_head):
         raise CcexpError(f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")
-    if "n_positions" in m and m.n_positions < max(cfg.train.seq_len, cfg.eval.max_tokens + 1):
-        raise CcexpError(f"model.n_positions={m.n_positions} is shorter than train.seq_len / eval.max_tokens+1 "
-                         f"({max(cfg.train.seq_len, cfg.eval.max_tokens + 1)}); raise model.n_positions")
+    if "n_positions" in m and m.n_positions < max(cfg.train.seq_len, cfg.eval.max_tokens):
+        raise CcexpError(f"model.n_positions={m.n_positions} is shorter than train.seq_len / eval.max_tokens "
+                         f"({max(cfg.train.seq_len, cfg.eval.max_tokens)}); raise model.n_positions")
     if "pretrained" in m:  # a ??? value was refused by _check_missing
         require_local_model(m.pretrained, "model.pretrained", causal_lm=True,
                             tokenizer=m.tokenizer.kind == "pretrained" and not m.tokenizer.path)
@@ -326,6 +329,22 @@ def _check_components(cfg: DictConfig) -> None:
     sampler = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
                     **extra)
     sampler.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)
+
+
+def check_cluster_counts(cfg: DictConfig, train_documents: int) -> None:
+    """Once the corpus is read, before any embedding: no clustering level asks for more clusters than there
+    are training documents.
+
+    Raises:
+        CcexpError: naming the setting and the number of training documents.
+    """
+    if "label_field" in cfg.clusterer:
+        return
+    key = "clusterer.levels" if "levels" in cfg.clusterer else "clusterer.k"
+    k = max(int(x) for x in cfg.clusterer.levels) if "levels" in cfg.clusterer else int(cfg.clusterer.k)
+    if k > train_documents:
+        raise CcexpError(f"{key} asks for {k} clusters but the corpus has {train_documents:,} training documents; "
+                         f"use at most {train_documents:,} clusters (or a larger corpus)")
 
 
 def _parameters(target: str) -> set[str]:

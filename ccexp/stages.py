@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ccexp.artifacts import StageStore, file_digest, fingerprint, path_digest
+from ccexp import stage_keys as keys
+from ccexp.artifacts import StageStore
 from ccexp.build import build
 from ccexp.clustering.kmeans import Clustering, Level
 from ccexp.data.corpus import BUILTIN_PATH, Corpus
@@ -31,8 +32,6 @@ from ccexp.preflight import uses_reference_run
 
 log = logging.getLogger("ccexp")
 
-# bump a stage's version when its output format or algorithm changes
-VERSIONS = {"corpus": 3, "embed": 2, "cluster": 4, "tokenize": 2, "model": 1, "reference": 1, "dedup": 1}
 _LEVEL_ARRAYS = ("labels", "centroids", "sizes", "similarity", "parent")
 
 
@@ -101,8 +100,7 @@ class Stages:
         d = self.cfg.data
         src = BUILTIN_PATH if d.path == "builtin" else Path(d.path).expanduser().resolve()
         reader = build(d, "data", path=src)  # raises the one-line "does not exist" error
-        config = {k: v for k, v in OmegaConf.to_container(d, resolve=True).items() if k not in ("name", "path")}
-        fp = fingerprint("corpus", VERSIONS["corpus"], {**config, "file": path_digest(src)})
+        fp = keys.stage_fingerprint("corpus", *keys.corpus_key(d, self._digest(src)))
         result = self._run("corpus", fp, lambda tmp: {**write_corpus(
             reader.batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
             label_fields=list(d.label_fields), stratify=d.heldout_stratify, min_per_value=int(d.heldout_min_per_value)),
@@ -113,6 +111,14 @@ class Stages:
 
     def _content(self) -> str:
         return self.results["corpus"].figures["content"]
+
+    def _labels(self) -> str | None:
+        """The digest of the corpus's label values (None without labels): what the stages' reports read."""
+        return self.results["corpus"].figures.get("labels")
+
+    def _digest(self, path: str | Path) -> str:
+        """:func:`ccexp.stage_keys.content_digest` of a file or folder, remembered under the stage cache."""
+        return keys.content_digest(path, self.store.root / "digests.json")
 
     # -- embed ------------------------------------------------------------------------------------
     def embed(self, corpus: Corpus, pretrained: str | None = None) -> Embeddings:
@@ -125,10 +131,8 @@ class Stages:
         """
         from ccexp.embedding.shards import launch_rank
 
-        config = {k: v for k, v in OmegaConf.to_container(self.cfg.embedder, resolve=True).items()
-                  if k not in ("name", "device", "batch_size")}
-        runtime, extra, inputs = self._embedder_inputs(config, corpus, pretrained)
-        fp = fingerprint("embed", VERSIONS["embed"], config, inputs)
+        runtime, extra, model = self._embedder_inputs(corpus, pretrained)
+        fp = keys.stage_fingerprint("embed", *keys.embed_key(self.cfg.embedder, self._content(), model))
         work_dir = self.store.root / "embed" / f".work-{fp}"
         rank, world = launch_rank()
 
@@ -163,11 +167,12 @@ class Stages:
                      result.figures["max_seq_length"])
         return Embeddings(np.load(result.path / "embeddings.npy", mmap_mode="r"))
 
-    def _embedder_inputs(self, config: dict, corpus: Corpus, pretrained: str | None) -> tuple[dict, dict, dict]:
+    def _embedder_inputs(self, corpus: Corpus, pretrained: str | None) -> tuple[dict, dict, str | None]:
         """What the configured embedder needs besides the texts: its constructor's run-time arguments
         (the model folder of an embedder that embeds with a causal LM: the run's own when
-        ``embedder.model=model``), its ``embed`` arguments (instruction boundaries), and the embed
-        stage's fingerprint inputs (the corpus, and the run's model when it embeds with it)."""
+        ``embedder.model=model``), its ``embed`` arguments (instruction boundaries), and the model its
+        vectors come from, for the stage's key: the model stage's fingerprint, or the digest of the
+        embedding model folder's bytes."""
         import inspect
 
         from hydra.utils import get_method
@@ -175,27 +180,40 @@ class Stages:
         from ccexp.training.pretrained import is_gguf, resolve_pretrained
 
         target = get_method(self.cfg.embedder._target_)
-        runtime, inputs = {}, {"corpus": self._content()}
+        runtime, model = {}, None
+        spec = OmegaConf.select(self.cfg, "embedder.model", default="model")
         if "pretrained" in inspect.signature(target).parameters:
-            spec = config.get("model", "model")
             runtime["pretrained"] = pretrained if spec == "model" else resolve_pretrained(spec)
             if is_gguf(runtime["pretrained"] or ""):
                 raise CcexpError(f"embedder.model={spec!r} is a GGUF file; make it the run's model.pretrained and "
                                  "set embedder.model=model (its converted folder is used)")
-            if spec == "model":
-                inputs["model"] = self.results["model"].fingerprint if "model" in self.results else str(pretrained)
+            model = (self.results["model"].fingerprint if "model" in self.results else
+                     self._model_digest(pretrained)) if spec == "model" else self._model_digest(runtime["pretrained"])
+        else:
+            from ccexp.embedding.sentence import resolve_model_path
+
+            model = self._digest(resolve_model_path(spec))
         extra = ({"prompt_chars": corpus.prompt_chars} if "prompt_chars" in inspect.signature(target.embed).parameters
                  else {})
-        return runtime, extra, inputs
+        return runtime, extra, model
+
+    def _model_digest(self, source: str | None) -> str | None:
+        """The bytes of a local model folder, or of the cached snapshot of a Hugging Face model id."""
+        if source is None:
+            return None
+        if Path(source).exists():
+            return self._digest(source)
+        from huggingface_hub import try_to_load_from_cache
+
+        config = try_to_load_from_cache(source, "config.json")
+        return self._digest(Path(config).parent) if isinstance(config, str) else f"id:{source}"
 
     # -- cluster ----------------------------------------------------------------------------------
     def cluster(self, corpus: Corpus, embeddings: Embeddings) -> Clustering:
         """k-means on the training documents' embeddings; every level's labels for every document, and
         the cluster report (``report/``: sizes plot, nearest documents, imbalance and label agreement)."""
-        config = {k: v for k, v in OmegaConf.to_container(self.cfg.clusterer, resolve=True).items()
-                  if k not in ("name", "verbose", "assign_batch")}
-        fp = fingerprint("cluster", VERSIONS["cluster"], config,
-                         {"embed": self.results["embed"].fingerprint, "corpus": self._content()})
+        fp = keys.stage_fingerprint("cluster", *keys.cluster_key(self.cfg.clusterer, self.results["embed"].fingerprint,
+                                                                  self._content(), self._labels()))
 
         def produce(tmp: Path) -> dict:
             from ccexp.clustering.report import write_cluster_report
@@ -236,8 +254,7 @@ class Stages:
         d = self.cfg.curate.dedup
         if not d.enabled:
             return None
-        config = {"threshold": float(d.threshold), "keep": d.keep, "seed": int(d.seed), "examples": int(d.examples)}
-        fp = fingerprint("dedup", VERSIONS["dedup"], config, {"cluster": self.results["cluster"].fingerprint})
+        fp = keys.stage_fingerprint("dedup", *keys.dedup_key(d, self.results["cluster"].fingerprint, self._labels()))
 
         def produce(tmp: Path) -> dict:
             from ccexp.clustering.dedup import semantic_dedup, write_dedup_report
@@ -259,6 +276,10 @@ class Stages:
         result = self._run("dedup", fp, produce, lambda f: f"{f['removed']:,} near-duplicates of {f['searched']:,} "
                            f"training docs removed ({f['removed_fraction']:.2%}) at cosine >= {f['threshold']}")
         f = result.figures
+        if f["removed_fraction"] > 0.5:
+            log.warning("dedup: %.0f%% of the training documents were removed as near-duplicates at cosine >= %s; "
+                        "read %s before training on the rest, or raise curate.dedup.threshold",
+                        100 * f["removed_fraction"], f["threshold"], result.path / "report" / "dedup_examples.md")
         for name, values in f.get("emptied_label_values", {}).items():
             log.warning("dedup: every training document of %s = %s was a near-duplicate of an earlier document of its "
                         "cluster and was removed; raise curate.dedup.threshold to keep them", name, values)
@@ -294,7 +315,7 @@ class Stages:
         path = resolve_pretrained(spec)
         if not is_gguf(path):
             return path
-        fp = fingerprint("model", VERSIONS["model"], {}, {"gguf": file_digest(Path(path))})
+        fp = keys.stage_fingerprint("model", {}, {"gguf": self._digest(path)})
         result = self._run("model", fp, lambda tmp: convert_gguf(path, tmp / "hf"),
                            lambda f: f"{f['architecture']} with {f['parameters'] / 1e6:.1f}M parameters, vocab "
                            f"{f['vocab_size']:,}, from {Path(f['source']).name}")
@@ -314,18 +335,13 @@ class Stages:
 
         tcfg = self.cfg.model.tokenizer
         source = tcfg.path or pretrained
-        if tcfg.kind == "bpe":
-            key = {"kind": "bpe", "vocab_size": tcfg.vocab_size}
-        elif tcfg.kind == "pretrained":
-            if not source:
-                raise CcexpError("model.tokenizer.kind=pretrained needs model.pretrained or model.tokenizer.path")
-            key = {"kind": "pretrained", "path": source}
-        else:
+        if tcfg.kind not in ("bpe", "pretrained"):
             raise CcexpError(f"model.tokenizer.kind={tcfg.kind!r} is not an option; use bpe or pretrained")
-        key["separator"] = tcfg.separator
-        inputs = {"corpus": self._content(), **({"model": self.results["model"].fingerprint} if "model" in self.results
-                                                else {})}
-        fp = fingerprint("tokenize", VERSIONS["tokenize"], key, inputs)
+        if tcfg.kind == "pretrained" and not source:
+            raise CcexpError("model.tokenizer.kind=pretrained needs model.pretrained or model.tokenizer.path")
+        model = self.results["model"].fingerprint if "model" in self.results else None
+        fp = keys.stage_fingerprint("tokenize", *keys.tokenize_key(
+            tcfg, self._content(), model, self._model_digest(source) if tcfg.kind == "pretrained" else None))
 
         shard_documents = int(self.cfg.data.shard_documents)
         work_dir = self.store.root / "tokenize" / f".work-{fp}-s{shard_documents}"  # shards of this size only
@@ -393,23 +409,14 @@ class Stages:
         """
         if not uses_reference_run(self.cfg):
             return None
-        s = self.cfg.sampler
-        steps = int(s.reference_steps)
-        t = self.cfg.train
-        trainer = {k: v for k, v in OmegaConf.to_container(self.cfg.trainer, resolve=True).items()
-                   if k not in ("devices", "num_nodes", "strategy", "enable_progress_bar", "threads", "fsdp", "name")}
-        key = {"steps": steps, "documents": int(s.reference_documents), "init_seed": int(t.init_seed),
-               "sampler_seed": int(s.seed), "level": s.level,
-               "model": OmegaConf.to_container(self.cfg.model, resolve=True), "trainer": trainer,
-               "train": {k: t[k] for k in ("tokens_per_step", "seq_len", "lr", "weight_decay", "warmup_steps",
-                                            "max_doc_tokens", "document_mask", "micro_batch_size", "on_nonfinite")},
-               "eval": {k: self.cfg.eval[k] for k in ("max_tokens",)}}
+        steps = int(self.cfg.sampler.reference_steps)
         # the documents it trains on and their clusters (after dedup and selection), not only the stages' keys
         split_digest = hashlib.sha256(np.ascontiguousarray(split.train_docs, dtype=np.int64).tobytes()
                                       + np.ascontiguousarray(split.labels[split.train_docs], dtype=np.int64).tobytes())
-        fp = fingerprint("reference", VERSIONS["reference"], key,
-                         {**{name: self.results[name].fingerprint for name in ("corpus", "cluster", "tokenize", "model")
-                             if name in self.results}, "train_split": split_digest.hexdigest()})
+        upstream = {name: r.fingerprint for name, r in self.results.items() if name in ("corpus", "cluster", "tokenize",
+                                                                                       "model")}
+        fp = keys.stage_fingerprint("reference", *keys.reference_key(self.cfg, upstream, self._model_digest(pretrained),
+                                                                      split_digest.hexdigest()))
         result = self._run("reference", fp, lambda tmp: _train_reference(self.cfg, steps, split, tokenized,
                                                                          pretrained, tmp),
                            lambda f: f"a {f['steps']}-step sampler=random model scored on {f['documents']:,} "
@@ -503,7 +510,9 @@ def select(cfg: DictConfig, corpus: Corpus, clustering: Clustering, kept: np.nda
                     cfg.selection.target, f"{int(pool.sum()):,}", " after dedup" if kept is not None else "")
     selected = balanced_selection(clustering.levels, pool, cfg.selection.target,
                                   strategy=cfg.selection.strategy, seed=int(cfg.selection.seed))
-    log.info("select: %s of %s training documents kept, balanced over the %s clusters of %d level(s)",
-             f"{int(selected.sum()):,}", f"{int(pool.sum()):,}", "/".join(str(lv.k) for lv in
-                                                                                  clustering.levels), len(clustering.levels))
+    log.log(logging.WARNING if selected.sum() < pool.sum() / 2 else logging.INFO,
+            "select: %s of %s training documents kept, balanced over the %s clusters of %d level(s)%s",
+            f"{int(selected.sum()):,}", f"{int(pool.sum()):,}", "/".join(str(lv.k) for lv in clustering.levels),
+            len(clustering.levels), "; more than half were dropped (selection.target)" if selected.sum() < pool.sum() / 2
+            else "")
     return selected

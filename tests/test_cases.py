@@ -153,6 +153,10 @@ def test_c05_a_signal_stops_with_a_line_a_status_and_a_checkpoint_to_resume(tmp_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = np.load(sorted(out.glob("runs/*/*/batches/rank0.npz"))[-1])["steps"]
     assert steps[0] == stopped and steps[-1] == 39  # it went on from the step the signal stopped
+    _, rs = runs(out)  # the interrupted MLflow run is continued, not a second one of the same name opened
+    assert len(rs) == 1 and rs[0].info.status == "FINISHED" and rs[0].data.tags["resumed"] == "1"
+    assert "resumed_with" in rs[0].data.tags and "train.resume_from=last" in rs[0].data.tags["resumed_with"]
+    assert "You're resuming from a checkpoint" not in resumed.stderr + resumed.stdout
 
 
 def test_c06_accumulate_grad_batches_is_refused_with_its_replacement(tmp_path):
@@ -205,6 +209,8 @@ def test_c09_resuming_under_other_settings_names_what_differs(tmp_path):
     ckpt = next((tmp_path / "out").glob("runs/*/*/checkpoints/step-10.ckpt"))
     line = one_line(ccexp(tmp_path, "tiny.jsonl", "clusterer.k=3", f"train.resume_from={ckpt}"), 2)
     assert "was saved with other settings" in line and "clusters 4 -> 3" in line
+    line = one_line(ccexp(tmp_path, "tiny.jsonl", "train.micro_batch_size=4", f"train.resume_from={ckpt}"), 2)
+    assert "train.micro_batch_size 8 -> 4" in line and "grad_accumulation" not in line  # what the user set
 
 
 def test_c10_divergence_stops_at_the_first_non_finite_loss_with_one_line(tmp_path):
@@ -221,3 +227,139 @@ def test_c11_a_budget_that_does_not_split_over_the_ranks_stops_before_any_stage(
     line = one_line(ccexp(tmp_path, "tiny.jsonl", "train.tokens_per_step=448", "train.micro_batch_size=1",
                           "trainer.strategy=ddp_spawn", "trainer.devices=2", "logger=none"), 2)
     assert "7 rows of 64 tokens" in line and not (tmp_path / "out" / "cache").exists()
+
+
+# -- round 3 -------------------------------------------------------------------------------------------
+def test_c12_repeated_ids_are_named_and_the_split_keeps_its_fraction(tmp_path):
+    proc = ccexp(tmp_path, "dup-ids.jsonl", "train.steps=2", "logger=none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert "corpus: 1 id(s) repeat, in 150 rows: '59' (150 rows)" in log and "data.id_field=null" in log
+    held = int(log.split(" held out) in ")[0].rsplit("(", 1)[1].replace(",", ""))
+    assert held < 30  # 300 documents at 5 %: about 15, not the 156 of a split decided once for 150 rows
+    from ccexp.data.store import open_corpus
+
+    corpus = open_corpus(next((tmp_path / "out" / "cache" / "corpus").glob("*[!.]*")))
+    ids = list(corpus.ids)
+    repeats = corpus.heldout[[i for i, x in enumerate(ids) if x == "59"]]
+    assert 0 < repeats.sum() < repeats.size  # the 150 rows of id 59 fall on both sides
+    from ccexp.data.corpus import stratify_heldout  # noqa: F401  (the same split function family)
+
+    # ids are compared as text: an int 0 and a string "0" are one id, said in the same line
+    rows = [{"id": 0, "text": "zero as an int", "domain": "a"}, {"id": "0", "text": "zero as text", "domain": "a"}]
+    rows += [{"id": f"d{i}", "text": f"document number {i}", "domain": "b"} for i in range(40)]
+    path = tmp_path / "int-and-str.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = run_ccexp(*TINY, f"data.path={path}", f"paths.outputs={tmp_path / 'out2'}", "train.steps=1", "logger=none",
+                     "clusterer.k=2", "data.heldout_fraction=0.2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'0' (2 rows)" in proc.stdout + proc.stderr and 'an int 0 and a string "0" are one id' in proc.stdout + proc.stderr
+
+
+def _state(ckpt: Path) -> dict:
+    import torch
+
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_c13_a_requeued_sweep_job_continues_from_its_own_checkpoint_as_if_never_stopped(tmp_path):
+    """The README's Slurm requeue recipe: the sweep is stopped by SIGTERM after a checkpoint and the same
+    command runs again (the same sweep folder, as submitit requeues): the job resumes from its own
+    last.ckpt, and its final weights and held-out scores equal an uninterrupted run's."""
+    args = ["-m", *TINY, f"data.path={CASES / 'tiny.jsonl'}", "sampler=random", "train.steps=12",
+            "train.checkpoint_every_n_steps=5", "train.resume_from=auto", "logger=none", "train.log_every_n_steps=1"]
+    whole = run_ccexp(*args, f"paths.outputs={tmp_path / 'whole'}", cwd=tmp_path, )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    out = tmp_path / "out"
+    env = {**os.environ, "CCEXP_SWEEP_ID": "2026-12-01/requeued", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "ccexp", *args, f"paths.outputs={out}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(out, "multirun/*/*/*/checkpoints/step-5.ckpt", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    again = subprocess.run([sys.executable, "-m", "ccexp", *args, f"paths.outputs={out}"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    log = again.stdout + again.stderr
+    assert "resume: train.resume_from=auto is" in log and "starting fresh" not in log
+    assert "on exactly the tokens an uninterrupted run trains on" in log
+    assert "You're resuming from a checkpoint that ended before the epoch ended" not in log  # ours is exact
+    (job,) = [p.parent for p in out.glob("multirun/*/*/*/checkpoints")]
+    (ref,) = [p.parent for p in (tmp_path / "whole").glob("multirun/*/*/*/checkpoints")]
+    a, b = _state(job / "checkpoints" / "last.ckpt"), _state(ref / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+    assert (job / "tables" / "heldout_documents.csv").read_text() == (ref / "tables" / "heldout_documents.csv").read_text()
+
+
+def test_c14_a_second_ctrl_c_stops_at_once_with_status_130_one_line_and_a_killed_run(tmp_path):
+    out = tmp_path / "out"
+    args = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={out}", "train.steps=40", "sampler=random",
+            "train.log_every_n_steps=5", "trainer.enable_progress_bar=false"]
+    proc = subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=tmp_path, env={**os.environ},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # wait for the fifth step
+        lines.append(line)
+        if "train: step 5/" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=300)
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text[-3000:]
+    stops = [ln for ln in text.splitlines() if ln.startswith("ccexp: ")]
+    assert len(stops) == 1 and "SIGINT" in stops[0] and "Traceback" not in text
+    _, rs = runs(out)
+    assert rs[0].info.status == "KILLED"
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_c15_a_half_created_mlflow_store_is_set_aside_and_created_anew(tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(CASES / "half-created-mlflow.db", out / "mlflow.db")
+    proc = ccexp(tmp_path, "tiny.jsonl", "train.steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "was left half-created" in proc.stdout + proc.stderr and "held no run" in proc.stdout + proc.stderr
+    assert len(list(out.glob("mlflow.db.half-created-*"))) == 1
+    _, rs = runs(out)
+    assert [r.info.status for r in rs] == ["FINISHED"]
+
+
+@pytest.mark.parametrize("size,where", [("1m", "the MLflow store in"), ("3m", "checkpoints")])
+def test_c15_a_full_disk_is_one_line_naming_the_folder_and_leaves_nothing_half_written(tmp_path, size, where):
+    out = tmp_path / "out"
+    if not _tmpfs(out, size):
+        pytest.skip("mounting a small tmpfs needs root (CAP_SYS_ADMIN)")
+    try:
+        proc = ccexp(tmp_path, "tiny.jsonl", "train.steps=2")
+        line = one_line(proc, 2)
+        assert line.startswith("ccexp: error: no space left on the disk holding") and where in line and str(out) in line
+        assert not (out / "mlflow.db").exists() or where != "the MLflow store in"  # never left half-created
+        left = [p for p in out.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".tmp-")]
+        assert not left and not list(out.rglob("*.ckpt"))  # no checkpoint or stage folder cut short
+        for stage in (p for p in out.glob("cache/[!.]*/[!.]*") if p.is_dir()):  # every published stage is whole
+            assert (stage / "DONE").is_file(), stage
+    finally:
+        subprocess.run(["umount", str(out)], capture_output=True)
+
+
+def test_c16_a_plan_with_more_clusters_than_documents_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "plan.source=synthetic", "plan.clusters=100",
+                           "plan.documents=10", "train.steps=10", "logger=none", f"paths.outputs={tmp_path}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    line = one_line(proc, 2)
+    assert "plan.clusters=100 is more than plan.documents=10" in line
+    # the same kind for a real corpus: before any embedding
+    line = one_line(ccexp(tmp_path, "tiny.jsonl", "clusterer.k=1000"), 2)
+    assert "clusterer.k asks for 1000 clusters but the corpus has" in line
+    assert not list((tmp_path / "out" / "cache").glob("embed/*"))

@@ -121,3 +121,25 @@ def test_corrupt_gzip_lone_surrogate_and_folder_get_one_line_errors(tmp_path):
 def test_missing_label_values_get_a_visible_placeholder(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", [{"text": "a", "domain": "x"}, {"text": "b"}, {"text": "c", "domain": ""}])
     assert read_corpus(path, label_fields=["domain"]).labels["domain"] == ["x", "(none)", "(none)"]
+
+
+def test_a_jsonl_file_that_starts_with_a_byte_order_mark_is_read(tmp_path):
+    from ccexp.data.corpus import read_corpus
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "text": "first"}\n{"id": "b", "text": "second"}\n')
+    corpus = read_corpus(path, format="auto", text_field="text", id_field="id")
+    assert list(corpus.ids) == ["a", "b"] and list(corpus.texts) == ["first", "second"]
+
+
+def test_a_long_text_tokenized_in_pieces_gives_the_same_ids(tmp_path):
+    from ccexp.data.tokenize import encode_corpus, text_pieces, train_bpe_tokenizer
+
+    words = ["alpha", "beta,", "gamma.", "  delta", "\nepsilon", "zeta's"]
+    text = " ".join(words[i % 6] + str(i % 7) for i in range(30000))
+    tok = train_bpe_tokenizer(iter([text[:5000]]), 400, tmp_path / "tok")
+    pieces = text_pieces(text, limit=4096)
+    assert len(pieces) > 10 and "".join(pieces) == text
+    whole = tok(text, add_special_tokens=False)["input_ids"]
+    tokens, offsets = encode_corpus(tok, [text, "short one"])
+    assert tokens[: offsets[1]].tolist() == whole  # a byte-level BPE reads the pieces as it reads the whole

@@ -2,6 +2,8 @@
 exact and lightly edited copies in real documents with the real MiniLM embedder and FAISS k-means."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -117,3 +119,31 @@ def test_planted_copies_are_found_in_real_documents_and_no_distinct_document_is_
     assert int(kinds["copy"]) + int(kinds["original"]) == len(removed)
     examples = (tmp_path / "report" / "dedup_examples.md").read_text()
     assert examples.count("\n| 1.000 |") + examples.count("\n| 0.99") >= 5 and len(paths) == 3
+
+
+def test_removing_or_dropping_more_than_half_of_the_training_documents_is_a_warning(tmp_path, caplog):
+    """Dedup that removes most of the corpus, or a balanced selection that keeps less than half, says so
+    as a warning (it was an info line)."""
+    import logging
+
+    from ccexp import stages
+    from ccexp.artifacts import StageStore
+    from ccexp.config import compose
+
+    rows = [{"id": f"c{i}", "text": "the same sentence, copied word for word", "domain": "a"} for i in range(40)]
+    rows += [{"id": f"u{i}", "text": f"a distinct note number {i} about topic {i * 7 % 13}", "domain": "b"}
+             for i in range(20)]
+    path = tmp_path / "copies.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = compose(["data=jsonl", f"data.path={path}", "data.label_fields=[domain]", "clusterer.k=2", "data.heldout_fraction=0.2",
+                   "curate.dedup.enabled=true", "selection.target=3", f"paths.outputs={tmp_path / 'out'}"])
+    stage = stages.Stages(cfg, StageStore(tmp_path / "out" / "cache"))
+    corpus = stage.corpus()
+    embeddings = stage.embed(corpus)
+    clustering = stage.cluster(corpus, embeddings)
+    with caplog.at_level(logging.WARNING, logger="ccexp"):
+        kept = stage.dedup(corpus, embeddings, clustering)
+        stages.select(cfg, corpus, clustering, kept)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("of the training documents were removed as near-duplicates" in w for w in warnings)
+    assert any("more than half were dropped (selection.target)" in w for w in warnings)

@@ -96,6 +96,12 @@ def test_dynamic_with_clip_never_exceeds_threshold():
 
 
 # -- cluster_dp -----------------------------------------------------------------------------------
+def test_cluster_dp_keeps_floor_m_times_ratio_for_every_percent_ratio():
+    """floor(m · ratio) with the ratio as written: 100 documents at 0.29 keep 29 (floats give 28.999...)."""
+    labels, sizes = make([100, 130])
+    for percent in range(1, 101):
+        s = ClusterDPSampler(labels, sizes, block_size=1, similarity=np.zeros(labels.size), ratio=percent / 100)
+        assert s.kept_size == max(1, percent)
 @SETTINGS
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.integers(1, 4), st.floats(0.1, 1.0),
        st.sampled_from(["farthest", "closest", "random"]))
@@ -105,7 +111,9 @@ def test_cluster_dp_kept_sizes_equal_and_every_step_covers_every_cluster(sizes, 
     k = sizes.size
     s = ClusterDPSampler(labels, sizes, block_size=per, similarity=sim, ratio=ratio, keep=keep)
     kept = s.kept_documents()
-    m = max(1, int(np.floor(sizes.min() * ratio)))
+    from fractions import Fraction
+
+    m = max(1, int(int(sizes.min()) * Fraction(repr(ratio))))  # the ratio as written: a decimal
     assert kept.shape == (k, m) and all((labels[row] == c).all() for c, row in enumerate(kept))
     if keep == "farthest":  # the kept documents are the least similar to their centroid
         for c, row in enumerate(kept):

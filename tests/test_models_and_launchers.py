@@ -227,6 +227,10 @@ def test_capped_assignment_respects_the_cap_and_keeps_uncapped_points_nearest(n,
     assert (labels >= 0).all() and np.bincount(labels, minlength=c.shape[0]).max() <= cap
     if cap >= n:
         np.testing.assert_array_equal(labels, np.argmax(x @ c.T, axis=1))
+    euclid = capped_assign(x * 2.0, c, cap, spherical=False)  # one matrix product, no [n, K, d] temporary
+    assert (euclid >= 0).all() and np.bincount(euclid, minlength=c.shape[0]).max() <= cap
+    if cap >= n:
+        np.testing.assert_array_equal(euclid, np.argmin(((2.0 * x[:, None] - c[None]) ** 2).sum(-1), axis=1))
 
 
 # -- recipes, plan, launchers -----------------------------------------------------------------------
@@ -315,19 +319,33 @@ def test_slurm_launcher_asks_for_one_task_per_device_on_every_node():
 
 def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_path):
     import json
-    from types import SimpleNamespace
+    import os
+    import zipfile
 
-    from ccexp.tracking.mlflow_run import RunRecord
+    from ccexp.tracking.resume import find_resume
 
-    record = SimpleNamespace(run_dir=tmp_path / "runs" / "d" / "new", name="uniform-k4-s0-abcd")
-    assert RunRecord.resume_checkpoint(record, "auto", tmp_path) is None
-    with pytest.raises(CcexpError, match="train.resume_from=last: no checkpoint of an earlier run"):
-        RunRecord.resume_checkpoint(record, "last", tmp_path)
+    name, new = "uniform-k4-s0-abcd", tmp_path / "runs" / "d" / "new"
+    assert find_resume("auto", name, new, tmp_path).checkpoint is None
+    with pytest.raises(CcexpError, match="train.resume_from=last: no readable checkpoint of an earlier run"):
+        find_resume("last", name, new, tmp_path)
     old = tmp_path / "runs" / "d" / "old"
     (old / "checkpoints").mkdir(parents=True)
-    (old / "run.json").write_text(json.dumps({"run_name": "uniform-k4-s0-abcd"}))
-    (old / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    assert RunRecord.resume_checkpoint(record, "auto", tmp_path) == str(old / "checkpoints" / "last.ckpt")
+    (old / "run.json").write_text(json.dumps({"run_name": name, "mlflow_run_id": "r1"}))
+    with zipfile.ZipFile(old / "checkpoints" / "step-5.ckpt", "w") as z:
+        z.writestr("data.pkl", b"x" * 100)
+    found = find_resume("auto", name, new, tmp_path)
+    assert (found.checkpoint, found.run_id) == (str(old / "checkpoints" / "step-5.ckpt"), "r1")
+    # a newer checkpoint cut short (a full disk, a kill mid-write) is skipped for the newest good one
+    good = (old / "checkpoints" / "step-5.ckpt").read_bytes()
+    (old / "checkpoints" / "last.ckpt").write_bytes(good[: len(good) // 2])
+    os.utime(old / "checkpoints" / "last.ckpt", (os.path.getmtime(old / "checkpoints" / "step-5.ckpt") + 10,) * 2)
+    assert find_resume("last", name, new, tmp_path).checkpoint == str(old / "checkpoints" / "step-5.ckpt")
+    # a requeued sweep job finds its own folder's checkpoint, under multirun/ too
+    job = tmp_path / "multirun" / "2026-12-01" / "10-00-00-1" / "uniform-s0-abc123"
+    (job / "checkpoints").mkdir(parents=True)
+    (job / "checkpoints" / "last.ckpt").write_bytes(good)
+    os.utime(job / "checkpoints" / "last.ckpt", (os.path.getmtime(old / "checkpoints" / "step-5.ckpt") + 20,) * 2)
+    assert find_resume("auto", name, job, tmp_path).checkpoint == str(job / "checkpoints" / "last.ckpt")
 
 
 def test_another_nodes_stage_in_progress_is_never_deleted(tmp_path):

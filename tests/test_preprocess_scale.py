@@ -75,3 +75,34 @@ def test_corpus_and_tokenize_peak_memory_is_flat_in_the_number_of_documents(tmp_
     # 4x the documents: the texts alone would add ~450 MiB if held; the O(N) arrays (offsets, held-out
     # flags: 9 bytes per document) add ~13 MiB
     assert large / small < 1.10, rows
+
+
+@pytest.mark.slow
+def test_one_huge_single_line_document_costs_a_small_multiple_of_its_size(tmp_path):
+    """A 20 MB document on one line (with 150 ordinary ones) through a whole run — read, embedded, its
+    tokenizer trained, tokenized, trained on: the run's peak memory exceeds the same run without it by
+    at most 20x the document's size (measured here: 14x at 20 MB, 10x at 45 MB; before long texts were
+    tokenized in pieces the Rust tokenizers alone took 4 GB for a 45 MB line)."""
+    import random
+    import resource
+
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    small = [{"id": f"d{i}", "text": " ".join(rng.choice(words) for _ in range(80)), "domain": "y"} for i in range(150)]
+    big = {"id": "big", "text": " ".join(rng.choice(words) for _ in range(3_500_000)), "domain": "x"}
+    size = len(big["text"].encode())
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in small))
+    (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [big] + small))
+    peaks = {}
+    for name in ("small", "big"):  # the children's peak is a running maximum: the smaller run first
+        proc = subprocess.run([sys.executable, "-m", "ccexp", "data=jsonl", f"data.path={tmp_path / name}.jsonl",
+                               "clusterer.k=2", "train.steps=2", "train.tokens_per_step=512", "train.seq_len=64",
+                               "train.micro_batch_size=8", "model.tokenizer.vocab_size=512", "logger=none",
+                               "trainer.enable_progress_bar=false", f"paths.outputs={tmp_path / name}",
+                               "data.heldout_fraction=0.2"], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        peaks[name] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    extra = peaks["big"] - peaks["small"]
+    print(f"document {size / 2**20:.1f} MiB: peak {peaks['small'] / 2**20:.0f} -> {peaks['big'] / 2**20:.0f} MiB "
+          f"(+{extra / size:.1f}x the document)")
+    assert extra <= 20 * size

@@ -200,7 +200,9 @@ def capped_assign(x: np.ndarray, centroids: np.ndarray, cap: int, *, spherical: 
     if n * k > 2**28:
         raise CcexpError(f"clusterer.size_cap_epsilon is meant for few clusters (K = world size); {n} x {k} scores "
                          "is too many: set it to null")
-    score = x @ centroids.T if spherical else -((x[:, None, :] - centroids[None]) ** 2).sum(-1)
+    # Euclidean: -|x - c|^2 = 2 x.c - |c|^2 - |x|^2, one matrix product (no [n, K, d] temporary)
+    score = x @ centroids.T if spherical else \
+        2 * (x @ centroids.T) - (centroids * centroids).sum(1)[None, :] - (x * x).sum(1)[:, None]
     labels = np.full(n, -1, dtype=np.int32)
     room = np.full(k, cap, dtype=np.int64)
     while (todo := np.flatnonzero(labels < 0)).size:

@@ -76,7 +76,7 @@ def _iter_jsonl(path: Path):
         with opener(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 try:
-                    line = raw.decode("utf-8")
+                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark is no error
                 except UnicodeDecodeError as e:
                     raise CcexpError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start}); re-encode the file "
                                      "as UTF-8") from None
@@ -364,12 +364,15 @@ def _response(path: Path, row: int, rec: dict, response_field: str) -> str:
     return response
 
 
-def id_hash(ids: list[str], salt: str) -> np.ndarray:
-    """float64[N] in [0, 1): a stable hash of each id (SHA-256 of ``salt:id``)."""
-    out = np.empty(len(ids), dtype=np.float64)
-    for k, doc_id in enumerate(ids):
-        out[k] = int.from_bytes(hashlib.sha256(f"{salt}:{doc_id}".encode()).digest()[:8], "little") / 2**64
-    return out
+def id_hash64(ids: Sequence[str], salt: str) -> np.ndarray:
+    """uint64[N]: a stable 64-bit hash of each id (the first 8 bytes of SHA-256 of ``salt:id``)."""
+    return np.fromiter((int.from_bytes(hashlib.sha256(f"{salt}:{doc_id}".encode()).digest()[:8], "little")
+                        for doc_id in ids), dtype=np.uint64, count=len(ids))
+
+
+def id_hash(ids: Sequence[str], salt: str) -> np.ndarray:
+    """float64[N] in [0, 1): :func:`id_hash64` scaled to the unit interval."""
+    return id_hash64(ids, salt) / 2.0**64
 
 
 def check_heldout_fraction(fraction: float) -> None:

@@ -21,8 +21,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ccexp.data.corpus import (Corpus, CorpusBatch, check_heldout_fraction, check_split, heldout_flags,
-                               stratify_heldout)
+from ccexp.data.corpus import (HELDOUT_SALT, Corpus, CorpusBatch, check_heldout_fraction, check_split, id_hash,
+                               id_hash64, stratify_heldout)
 
 log = logging.getLogger("ccexp")
 
@@ -44,8 +44,10 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
 
     Returns:
         figures: ``documents``, ``heldout``, ``shards``, ``content`` (a 16-hex-digit SHA-256 over every
-        document's id, text and held-out flag, in order: the same for any shard size), ``label_fields``
-        and, when stratified, ``stratified_added`` (documents the stratification held out).
+        document's id, text and held-out flag, in order: the same for any shard size), ``label_fields``,
+        ``labels`` (a digest of the label values, None without labels), ``repeated_ids`` /
+        ``repeated_rows`` when ids repeat, and, when stratified, ``stratified_added`` (documents the
+        stratification held out).
 
     Raises:
         CcexpError: from the reader, or if the split leaves no training or no held-out document.
@@ -55,9 +57,12 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
 
     check_heldout_fraction(heldout_fraction)
     content, documents, held_total, shards = hashlib.sha256(), 0, 0, 0
+    hashes = []  # uint64 id hashes of every document, to find ids that repeat (8 bytes per document)
+    labels = hashlib.sha256()  # the label values, in order: what the stages' reports read
     t0 = last = time.perf_counter()
     for batch in batches:
-        heldout = heldout_flags(batch.ids, heldout_fraction)
+        hashes.append(id_hash64(batch.ids, HELDOUT_SALT))
+        heldout = hashes[-1] / 2.0**64 < heldout_fraction  # heldout_flags' decision
         for doc_id, text, held in zip(batch.ids, batch.texts, heldout):
             content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
         columns = {"id": batch.ids, "text": batch.texts, "heldout": heldout}
@@ -66,14 +71,23 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
             content.update(prompt_chars.tobytes())
             columns["prompt_chars"] = prompt_chars
         columns.update({f"label.{name}": batch.labels[name] for name in label_fields})
+        for name in label_fields:
+            labels.update(json.dumps([name, batch.labels[name]], ensure_ascii=False).encode())
         pq.write_table(pa.table(columns), out_dir / _SHARD.format(shards), row_group_size=ROW_GROUP)
         shards, documents, held_total = shards + 1, documents + len(batch.texts), held_total + int(heldout.sum())
         if (now := time.perf_counter()) - last >= 10.0:
             last = now
             log.info("corpus: %s documents in %d shards, %.0f docs/s", f"{documents:,}", shards, documents / (now - t0))
-    figures = {"label_fields": list(label_fields)}
+    figures = {"label_fields": list(label_fields), "labels": labels.hexdigest()[:16] if label_fields else None}
+    files = [out_dir / _SHARD.format(i) for i in range(shards)]
+    repeats = _split_repeated_ids(files, np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
+                                  heldout_fraction)
+    if repeats is not None:
+        content.update(b"repeats:" + repeats["changed"].tobytes())
+        held_total += repeats["held_change"]
+        figures["repeated_ids"], figures["repeated_rows"] = repeats["ids"], repeats["rows"]
     if stratify is not None and min_per_value > 0:
-        added = _stratify_shards(out_dir, shards, stratify, min_per_value)
+        added = _stratify_shards(files, stratify, min_per_value)
         content.update(f"stratified:{stratify}:{min_per_value}:".encode() + added.tobytes())
         held_total += int(added.size)
         figures["stratified_added"] = int(added.size)
@@ -83,20 +97,23 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
             **figures}
 
 
-def _stratify_shards(out_dir: Path, shards: int, field: str, min_per_value: int) -> np.ndarray:
-    """Hold out more documents of the rare values of label ``field`` (:func:`stratify_heldout`) and rewrite
-    the shards whose flags changed; returns int64[m], the corpus indices newly held out."""
+def _read_columns(files: list[Path], columns: list[str]) -> tuple[dict[str, list], np.ndarray]:
+    """``columns`` of every shard, concatenated (lists; ``heldout`` as bool[N]), and the shards' row bounds."""
+    import pyarrow.parquet as pq
+
+    parts = [pq.read_table(f, columns=columns) for f in files]
+    out = {c: [x for t in parts for x in t.column(c).to_pylist()] for c in columns if c != "heldout"}
+    if "heldout" in columns:
+        out["heldout"] = np.concatenate([t.column("heldout").to_numpy() for t in parts]).astype(bool)
+    return out, np.cumsum([0] + [t.num_rows for t in parts])
+
+
+def _rewrite_heldout(files: list[Path], bounds: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
+    """Write the held-out flags ``after`` (bool[N]) into the shards whose flags differ from ``before``
+    (each shard replaced atomically)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = [out_dir / _SHARD.format(i) for i in range(shards)]
-    parts = [pq.read_table(f, columns=["id", "heldout", f"label.{field}"]) for f in files]
-    ids = [x for t in parts for x in t.column("id").to_pylist()]
-    values = [x for t in parts for x in t.column(f"label.{field}").to_pylist()]
-    before = np.concatenate([t.column("heldout").to_numpy() for t in parts]).astype(bool)
-    after = stratify_heldout(before, values, ids, min_per_value)
-    added = np.flatnonzero(after & ~before)
-    bounds = np.cumsum([0] + [t.num_rows for t in parts])
     for i, f in enumerate(files):
         flags = after[bounds[i]:bounds[i + 1]]
         if (flags != before[bounds[i]:bounds[i + 1]]).any():
@@ -105,6 +122,59 @@ def _stratify_shards(out_dir: Path, shards: int, field: str, min_per_value: int)
             tmp = f.with_suffix(".tmp")
             pq.write_table(table, tmp, row_group_size=ROW_GROUP)
             tmp.replace(f)
+
+
+def _split_repeated_ids(files: list[Path], hashes: np.ndarray, fraction: float) -> dict | None:
+    """Ids that repeat (compared as text: an int 0 and a string "0" are one id) would all fall on one side
+    of the split, which is decided per id: the k-th repeat (k >= 1, corpus order) is split as ``<id>#<k>``
+    instead, so the held-out fraction holds, and a warning names the ids. None when every id is unique.
+
+    Returns:
+        ``changed`` (int64[m] rows whose flag changed), ``held_change`` (the change in held-out rows),
+        ``ids`` (distinct repeated ids) and ``rows`` (rows that share an id).
+    """
+    _, inverse, counts = np.unique(hashes, return_inverse=True, return_counts=True)
+    if not (counts > 1).any():
+        return None
+    columns, bounds = _read_columns(files, ["id", "heldout"])
+    candidates = np.flatnonzero(counts[inverse] > 1)  # equal 64-bit hashes; the ids themselves decide
+    _, inverse_ids, counts_ids = np.unique(np.asarray([columns["id"][r] for r in candidates], dtype=object).astype(str),
+                                           return_inverse=True, return_counts=True)
+    inverse = np.full(hashes.size, -1, dtype=np.int64)
+    inverse[candidates] = inverse_ids
+    counts = counts_ids
+    repeated = inverse >= 0
+    repeated[candidates] = counts[inverse_ids] > 1
+    if not repeated.any():
+        return None
+    rows = np.flatnonzero(repeated)
+    order = rows[np.argsort(inverse[rows], kind="stable")]  # grouped by id, corpus order within
+    k = np.arange(order.size) - np.searchsorted(inverse[order], inverse[order])
+    later = order[k > 0]
+    before = columns["heldout"]
+    after = before.copy()
+    after[later] = id_hash([f"{columns['id'][r]}#{j}" for r, j in zip(later, k[k > 0])], HELDOUT_SALT) < fraction
+    _rewrite_heldout(files, bounds, before, after)
+    top = sorted(((int(c), columns["id"][int(np.flatnonzero(inverse == u)[0])]) for u, c in enumerate(counts) if c > 1),
+                 reverse=True)
+    log.warning("corpus: %d id(s) repeat, in %s rows: %s; ids are compared as text (an int 0 and a string \"0\" are "
+                "one id) and the held-out split is decided per id, so each repeat after the first is split as "
+                "'<id>#<k>' to keep data.heldout_fraction. Give every record its own id, or set data.id_field=null "
+                "to number the rows", len(top), f"{int(repeated.sum()):,}",
+                ", ".join(f"{i!r} ({c} rows)" for c, i in top[:5]) + (", ..." if len(top) > 5 else ""))
+    changed = np.flatnonzero(after != before)
+    return {"changed": changed, "held_change": int(after.sum()) - int(before.sum()), "ids": len(top),
+            "rows": int(repeated.sum())}
+
+
+def _stratify_shards(files: list[Path], field: str, min_per_value: int) -> np.ndarray:
+    """Hold out more documents of the rare values of label ``field`` (:func:`stratify_heldout`) and rewrite
+    the shards whose flags changed; returns int64[m], the corpus indices newly held out."""
+    columns, bounds = _read_columns(files, ["id", "heldout", f"label.{field}"])
+    before = columns["heldout"]
+    after = stratify_heldout(before, columns[f"label.{field}"], columns["id"], min_per_value)
+    added = np.flatnonzero(after & ~before)
+    _rewrite_heldout(files, bounds, before, after)
     if added.size:
         log.info("corpus: %s more documents held out so every %s has at least %d (or half of its documents)",
                  f"{added.size:,}", field, min_per_value)

@@ -39,6 +39,33 @@ class TokenizedCorpus:
         return self.offsets[docs + 1] - self.offsets[docs]
 
 
+PIECE_CHARS = 1 << 16  # a text longer than this is tokenized in pieces (memory: a piece's encodings)
+
+
+def text_pieces(text: str, limit: int = PIECE_CHARS) -> list[str]:
+    """``text`` cut into pieces of at most about ``limit`` characters, each cut just before a single space
+    between two words — where a byte-level pre-tokenizer splits anyway — so that tokenizing the pieces
+    one by one gives the same ids as tokenizing ``text`` whole with a byte-level BPE (ccexp's own, GPT-2's,
+    SmolLM2's), while a tokenizer's memory is that of one piece: the Rust tokenizers keep several hundred
+    bytes per word, 4 GB for one 45 MB document. (A SentencePiece-style tokenizer that marks the start
+    of its input may read one token differently at a cut: one per ``limit`` characters.) A stretch of
+    ``limit`` characters without such a space is cut where it ends."""
+    if len(text) <= limit:
+        return [text]
+    out, start = [], 0
+    while len(text) - start > limit:
+        end = start + limit
+        cut = end
+        while cut > start + limit // 2 and not (text[cut] == " " and not text[cut - 1].isspace()
+                                                and cut + 1 < len(text) and not text[cut + 1].isspace()):
+            cut -= 1
+        cut = cut if cut > start + limit // 2 else end
+        out.append(text[start:cut])
+        start = cut
+    out.append(text[start:])
+    return out
+
+
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path):
     """Train a byte-level BPE tokenizer (GPT-2 style, one special token ``<|endoftext|>``) and save it
     with ``save_pretrained`` in ``out_dir``. Returns the ``PreTrainedTokenizerFast``."""
@@ -53,7 +80,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path):
     tk.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator(texts, trainer=trainer)
+    tk.train_from_iterator((piece for text in texts for piece in text_pieces(text)), trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=EOS, eos_token=EOS, unk_token=EOS, pad_token=EOS)
     tok.save_pretrained(str(out_dir))
     return tok
@@ -100,7 +127,8 @@ def separator_id(tok, separator: str | None = None) -> int:
 def encode_corpus(tok, texts: list[str], batch: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Tokenize every document (no special tokens), ``batch`` documents at a time: a fast tokenizer's
     Rust backend (``encode_batch_fast``: no character offsets; the same ids as ``tok(texts)``), else
-    ``tok`` itself. Memory is one batch's encodings, not the corpus's.
+    ``tok`` itself. Memory is one batch's encodings, not the corpus's; a long document is encoded in
+    :func:`text_pieces`.
 
     Returns:
         ``tokens`` int32[T] (all documents concatenated) and ``offsets`` int64[N+1] such that
@@ -110,11 +138,21 @@ def encode_corpus(tok, texts: list[str], batch: int = 256) -> tuple[np.ndarray, 
     fast = getattr(backend, "encode_batch_fast", None)
     pieces: list[np.ndarray] = []
     lengths = np.zeros(len(texts), dtype=np.int64)
-    for start in range(0, len(texts), batch):
+    def encode(docs: list[str]) -> list[list[int]]:
         if fast is not None:
-            enc = [e.ids for e in fast(texts[start:start + batch], add_special_tokens=False)]
-        else:
-            enc = tok(texts[start:start + batch], add_special_tokens=False)["input_ids"]
+            return [e.ids for e in fast(docs, add_special_tokens=False)]
+        return tok(docs, add_special_tokens=False)["input_ids"]
+
+    for start in range(0, len(texts), batch):
+        docs = texts[start:start + batch]
+        if any(len(t) > PIECE_CHARS for t in docs):  # one document at a time, a long one piece by piece
+            for k, text in enumerate(docs):
+                ids = np.concatenate([np.asarray(x, dtype=np.int32) for x in
+                                      (encode([p])[0] for p in text_pieces(text))] or [np.zeros(0, np.int32)])
+                lengths[start + k] = ids.size
+                pieces.append(ids)
+            continue
+        enc = encode(docs)
         lengths[start:start + len(enc)] = [len(ids) for ids in enc]
         pieces.append(np.fromiter(chain.from_iterable(enc), dtype=np.int32,
                                   count=int(lengths[start:start + len(enc)].sum())))

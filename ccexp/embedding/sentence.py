@@ -36,6 +36,22 @@ def resolve_model_path(model: str) -> str:
     return str(Path(model).expanduser())
 
 
+def _prefix(tok, text: str, room: int, margin: int = 8) -> tuple[str, bool]:
+    """(the part of ``text`` the model reads, whether ``text`` has more than ``room`` tokens), tokenizing
+    only a prefix: characters are taken 32 per token of ``room`` at first, then four times as many, until
+    the prefix holds ``room + margin`` tokens (so its first ``room`` are those of the whole text) or is the
+    whole text."""
+    chars = 32 * (room + margin)
+    while True:
+        head = text[:chars]
+        n = len(tok(head, add_special_tokens=False, truncation=False, verbose=False)["input_ids"])
+        if chars >= len(text):
+            return text, n > room
+        if n >= room + margin:
+            return head, True
+        chars *= 4
+
+
 class SentenceEmbedder:
     """Embed documents with a local sentence-transformers model, in resumable shards.
 
@@ -112,24 +128,42 @@ class SentenceEmbedder:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, int]:
         """float32[n, d] L2-normalised embeddings of ``texts``, and how many were longer than
-        ``max_seq_length`` tokens (truncated, or chunked and mean-pooled: see ``long_documents``)."""
+        ``max_seq_length`` tokens (truncated, or chunked and mean-pooled: see ``long_documents``).
+
+        Memory stays a small multiple of the longest text: a text is tokenized only as far as the model
+        reads it (a prefix with more tokens than the model takes, found by :func:`_prefix`), and under
+        ``chunk_mean`` a long text is cut into windows block by block (:meth:`_windows`)."""
         if self._model is None:
             self._model = self._load()
         tok = self._model.tokenizer
         room = self.max_seq_length - tok.num_special_tokens_to_add()  # the model adds [CLS] ... [SEP]
-        ids = tok(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-        long = [i for i, x in enumerate(ids) if len(x) > room]
+        heads = [_prefix(tok, text, room) for text in texts]
+        long = [i for i, (_, is_long) in enumerate(heads) if is_long]
         if not long or self.long_documents == "truncate":
-            return self._encode(texts), len(long)
+            return self._encode([head for head, _ in heads]), len(long)
         owner, pieces = [], []
-        for i, (text, x) in enumerate(zip(texts, ids)):
-            windows = [text] if len(x) <= room else [tok.decode(x[s:s + room]) for s in range(0, len(x), room)]
+        for i, (text, (head, is_long)) in enumerate(zip(texts, heads)):
+            windows = list(self._windows(tok, text, room)) if is_long else [head]
             pieces += windows
             owner += [i] * len(windows)
         emb = np.zeros((len(texts), self._model.get_embedding_dimension()), dtype=np.float64)
         np.add.at(emb, np.asarray(owner), self._encode(pieces))
         emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
         return emb.astype(np.float32), len(long)
+
+    @staticmethod
+    def _windows(tok, text: str, room: int, block_chars: int = 1 << 18):
+        """The text of consecutive ``room``-token windows of ``text``, tokenized a block of characters at a
+        time (a window that straddles two blocks is completed from the next)."""
+        carry: list[int] = []
+        for start in range(0, len(text), block_chars):
+            carry += tok(text[start:start + block_chars], add_special_tokens=False, truncation=False,
+                         verbose=False)["input_ids"]
+            while len(carry) >= room:
+                yield tok.decode(carry[:room])
+                carry = carry[room:]
+        if carry:
+            yield tok.decode(carry)
 
     def embed(self, texts: list[str], out_path: Path, work_dir: Path | None = None, *, rank: int = 0,
               world_size: int = 1) -> tuple[np.ndarray | None, dict[str, list[int]]]:

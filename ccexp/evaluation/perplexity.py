@@ -30,22 +30,6 @@ import torch.nn.functional as F
 from ccexp.names import safe_names
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token cross-entropy per position.
-
-    Args:
-        logits: float[R, L, V]; labels: int64[R, L] with -100 where no loss is taken.
-
-    Returns:
-        ``loss`` float32[R, L-1] (nats, 0 where ignored) and ``mask`` bool[R, L-1].
-    """
-    target = labels[:, 1:]
-    mask = target != -100
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100,
-                           reduction="none").view_as(target)
-    return loss, mask
-
-
 def scored_windows(offsets: np.ndarray, docs: np.ndarray, max_tokens: int,
                    prompt_tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The window :func:`document_nll` reads of each document: ``begin`` (int64[n], its first token in the
@@ -99,10 +83,14 @@ def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray
             piece = tokens[begin[k]:begin[k] + lengths[k]]
             ids[row, 1:1 + piece.size] = piece
             labels[row, 1 + context[k]:1 + piece.size] = piece[context[k]:]
-        ids_t, labels_t = torch.from_numpy(ids).to(device), torch.from_numpy(labels).to(device)
-        attn = torch.from_numpy(np.arange(width)[None, :] <= lengths[sel][:, None]).to(device)
+        # the model reads positions 0..L-1 (the separator, then all but the last scored token) and predicts the
+        # L tokens after them: at most max_tokens positions, those a model trained on rows of seq_len has seen
+        ids_t = torch.from_numpy(ids[:, :-1]).to(device)
+        target = torch.from_numpy(labels[:, 1:]).to(device)
+        attn = torch.from_numpy(np.arange(width - 1)[None, :] < lengths[sel][:, None]).to(device)
         logits = model(input_ids=ids_t, attention_mask=attn.long()).logits
-        loss, _ = token_losses(logits, labels_t)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100,
+                               reduction="none").view_as(target)
         nll[sel] = loss.sum(dim=1).double().cpu().numpy()
     return nll, (lengths - context).astype(np.int64)
 

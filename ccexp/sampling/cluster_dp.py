@@ -65,7 +65,10 @@ class ClusterDPSampler(Sampler):
             raise CcexpError(f"sampler.ratio must be in (0, 1], got {ratio}")
         self._clusters = np.flatnonzero(self.sizes > 0)
         self.num_lanes = int(self._clusters.size)  # lane j = cluster self._clusters[j]
-        self.kept_size = max(1, int(np.floor(self.sizes[self._clusters].min() * ratio)))
+        # floor(m · ratio) with the ratio as written (a decimal): 100 x 0.29 is 29, where floats give 28.999...
+        from fractions import Fraction
+
+        self.kept_size = max(1, int(int(self.sizes[self._clusters].min()) * Fraction(repr(float(ratio)))))
         self.keep, self.layout = keep, layout
         self._kept = self._reduce(similarity)  # int[k, m]
         self._pass_key = np.uint64(derive_keys(self.seed, _DP_STREAM))

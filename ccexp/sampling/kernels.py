@@ -26,7 +26,7 @@ compiles plain Python loops over NumPy arrays with no build step. Considered and
 Cython extension (a compiler and a per-platform build for every install, for a handful of short
 loops), Rust through PyO3/maturin (the same, plus a second language), ``numexpr`` (element-wise
 only: no sequential state, no gathers) and PyTorch ops (the same temporaries as NumPy). numba's cost
-is a one-time JIT compile, a few seconds for all kernels on first use, cached next to this module
+is a one-time JIT compile, 2-4 s per policy on first use (about 10 s for all, idle), cached next to this module
 (``cache=True``); where that folder is read-only numba uses its user cache (``~/.cache/numba`` or
 ``NUMBA_CACHE_DIR``), and where no cache folder is writable the kernels compile in every process,
 with one warning (:func:`_jit`). :func:`warm_up` compiles (or loads) them all and says how long it took.
@@ -67,8 +67,10 @@ def _jit(func):
     except RuntimeError as e:  # "cannot cache function ...: no locator available for file ..."
         if not _UNCACHED:
             warnings.warn(f"ccexp.sampling.kernels: numba has no writable cache folder ({e}); the sampler "
-                          "kernels are compiled in every process (a few seconds). Set NUMBA_CACHE_DIR to a "
-                          "writable folder to keep the compiled code.", RuntimeWarning, stacklevel=2)
+                          "kernels are compiled again in every process: 2-4 s for each policy's kernels on first "
+                          "use, about 10 s for all seven on an idle 2-core machine and up to a minute on a busy "
+                          "one. Set NUMBA_CACHE_DIR to a writable folder to keep the compiled code.", RuntimeWarning,
+                          stacklevel=2)
         _UNCACHED.append(func.__name__)
         return njit(cache=False, nogil=True)(func)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,18 @@ def run_name(cfg: DictConfig) -> str:
 
 def open_store(uri: str):
     """An ``MlflowClient`` on ``uri``. A SQLite store is created and migrated under a file lock next to
-    it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema."""
+    it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema. A store this
+    call could not finish creating (a full disk) is removed, so none is left half-created; one left
+    half-created earlier (its schema migration cut short) is set aside and created anew when it holds
+    no run, or named in one line when it does.
+
+    Raises:
+        CcexpError: for a full disk, or a half-created store that holds runs.
+    """
     from filelock import FileLock
     from mlflow import MlflowClient
+
+    from ccexp.errors import CcexpError, disk_full_line
 
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -75,9 +85,54 @@ def open_store(uri: str):
     db = Path(uri[len("sqlite:///"):])
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(db) + ".lock"):
-        client = MlflowClient(uri)
-        client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables here
-    return client
+        for attempt in (1, 2):
+            existed = db.is_file()
+            try:
+                client = MlflowClient(uri)
+                client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables here
+                return client
+            except Exception as e:
+                line = disk_full_line(e, db.parent)
+                if not existed:  # this call's own half-made store: gone, so nothing looks complete
+                    for f in (db, Path(f"{db}-journal"), Path(f"{db}-wal"), Path(f"{db}-shm")):
+                        f.unlink(missing_ok=True)
+                if line is not None:
+                    raise CcexpError(line.replace("the disk holding", "the disk holding the MLflow store in", 1)
+                                     ) from None
+                if not existed or attempt == 2:
+                    raise
+                runs = _runs_in(db)
+                if runs:
+                    raise CcexpError(f"the MLflow store {db} cannot be opened ({str(e).splitlines()[0][:200]}) and "
+                                     f"holds {runs} run(s); restore it from a copy, or set logger.tracking_uri to a "
+                                     "new store") from None
+                aside = db.with_name(f"{db.name}.half-created-{time.strftime('%Y%m%d-%H%M%S')}")
+                _forget_engine(uri)  # MLflow keeps one engine per URI, still open on the file set aside
+                os.replace(db, aside)
+                log.warning("mlflow: the store %s was left half-created (%s) and held no run: set aside as %s and "
+                            "created anew", db, str(e).splitlines()[0][:160], aside.name)
+    raise AssertionError("unreachable")
+
+
+def _forget_engine(uri: str) -> None:
+    """Close and drop the SQLAlchemy engine MLflow's store class keeps for ``uri`` (its ``_engine_map``), so
+    the next client opens the file that is there now."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _runs_in(db: Path) -> int:
+    """Runs in a SQLite MLflow store read directly (0 when its tables cannot be read)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            return int(con.execute("select count(*) from runs").fetchone()[0])
+    except sqlite3.Error:
+        return 0
 
 
 def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
@@ -112,17 +167,21 @@ class RunRecord:
     Lightning as its logger, given the stages' figures and the results, and closed — FINISHED;
     KILLED when a signal stops the ``with`` block; FAILED when anything else raises there. It also
     writes ``run.json`` (the run's name and MLflow id) into the run folder, which
-    ``train.resume_from=last`` uses to find the run's checkpoints. With ``logger.enabled=false``
-    the MLflow calls are no-ops.
+    ``train.resume_from=last`` uses to find the run's checkpoints. A run resumed from a checkpoint of
+    an interrupted run of the same configuration continues that MLflow run (``continue_run``: reopened
+    RUNNING, its params kept, a ``resumed`` tag counting the resumes) rather than opening a second one of
+    the same name. With ``logger.enabled=false`` the MLflow calls are no-ops.
 
     Args:
         cfg: the run's config; outputs: the absolute ``paths.outputs``; run_dir: the run's folder;
-            tags: extra run tags.
+            tags: extra run tags; continue_run: the MLflow run id of the checkpoint being resumed, if any.
     """
 
-    def __init__(self, cfg: DictConfig, outputs: Path, run_dir: Path | None = None, tags: dict[str, str] | None = None):
+    def __init__(self, cfg: DictConfig, outputs: Path, run_dir: Path | None = None, tags: dict[str, str] | None = None,
+                 continue_run: str | None = None):
         self.cfg, self.name, self.run_dir = cfg, run_name(cfg), run_dir
         self.logger = None  # Lightning's MLFlowLogger, or None when disabled
+        self.continued: dict | None = None  # the interrupted run this one continues: its params and tags
         if not cfg.logger.enabled:
             return
         from lightning.pytorch.loggers import MLFlowLogger
@@ -135,15 +194,49 @@ class RunRecord:
         tags = dict(tags or {})
         if os.environ.get(PARENT_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+        previous = self._continuable(continue_run)
+        if previous is not None:
+            self.continued = {"params": dict(previous.data.params), "resumed": int(previous.data.tags.get("resumed", 0))}
+            self.client.update_run(continue_run, status="RUNNING")
+            for key, value in tags.items():
+                self.client.set_tag(continue_run, key, value)
         self.logger = MLFlowLogger(experiment_name=cfg.logger.experiment, run_name=self.name, tracking_uri=self.uri,
-                                   artifact_location=artifacts.as_uri(), tags=tags, log_model=False)
+                                   artifact_location=artifacts.as_uri(), tags=None if previous else tags,
+                                   log_model=False, run_id=continue_run if previous else None)
+
+    def _continuable(self, run_id: str | None):
+        """The MLflow run ``run_id`` when this run continues it: it exists in this experiment under this name
+        and did not finish; else None (a new run is opened)."""
+        if run_id is None:
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            return None
+        exp = self.client.get_experiment_by_name(self.cfg.logger.experiment)
+        if exp is None or run.info.experiment_id != exp.experiment_id or run.info.run_name != self.name \
+                or run.info.status == "FINISHED":
+            return None
+        return run
 
     def __enter__(self) -> "RunRecord":
         run_id = None
         if self.logger is not None:
-            self.logger.log_hyperparams(flatten(self.cfg))
+            params = flatten(self.cfg)
+            if self.continued is not None:  # MLflow keeps a param's first value: log only the new ones
+                old = self.continued["params"]
+                changed = sorted(k for k in params if k in old and old[k] != params[k])
+                params = {k: v for k, v in params.items() if k not in old}
+                self.client.set_tag(self.logger.run_id, "resumed", str(self.continued["resumed"] + 1))
+                if changed:
+                    self.client.set_tag(self.logger.run_id, "resumed_with", "; ".join(
+                        f"{k}={flatten(self.cfg)[k]}" for k in changed)[:5000])
+            self.logger.log_hyperparams(params)
             run_id = self.logger.run_id
-            log.info("mlflow: run %r (%s) in %s", self.name, run_id, self.uri)
+            log.info("mlflow: run %r (%s) in %s%s", self.name, run_id, self.uri,
+                     ", continued from where it was interrupted" if self.continued is not None else "")
         if self.run_dir is not None:
             import json
 
@@ -161,33 +254,6 @@ class RunRecord:
                 self.client.set_tag(self.logger.run_id, "error", str(exc).splitlines()[0][:5000] if str(exc) else
                                     exc_type.__name__)
         return False
-
-    def resume_checkpoint(self, resume_from: str | None, outputs: Path) -> str | None:
-        """``train.resume_from`` as a path: ``last`` is the newest checkpoint of an earlier run of this
-        same configuration (same run name) under ``outputs``; ``auto`` is the same, or None (a fresh
-        start) when there is none — for jobs a scheduler may requeue.
-
-        Raises:
-            CcexpError: for ``last`` when no such checkpoint exists.
-        """
-        if resume_from not in ("last", "auto"):
-            return resume_from
-        import json
-
-        from ccexp.errors import CcexpError
-
-        found = [ckpt for meta in outputs.glob("*runs/**/run.json") if meta.parent != self.run_dir
-                 and json.loads(meta.read_text()).get("run_name") == self.name
-                 for ckpt in (meta.parent / "checkpoints").glob("*.ckpt")]
-        if not found and resume_from == "auto":
-            log.info("resume: train.resume_from=auto found no earlier checkpoint of %s; starting fresh", self.name)
-            return None
-        if not found:
-            raise CcexpError(f"train.resume_from=last: no checkpoint of an earlier run named {self.name} under "
-                             f"{outputs}; give a checkpoint path, or run without train.resume_from")
-        newest = max(found, key=lambda p: p.stat().st_mtime)
-        log.info("resume: train.resume_from=last is %s", newest)
-        return str(newest)
 
     def set_tag(self, key: str, value: str) -> None:
         if self.logger is not None:

@@ -356,14 +356,25 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
                                task_overrides=context.get("task_overrides", []))
     comparison.notes += context.get("notes", [])
+    import os
+    import shutil
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.md").write_text(comparison.markdown())
-    (out_dir / "report.html").write_text(comparison.html())
-    tables = comparison.write_csv(out_dir, group_by)
-    _plot(out_dir / "comparison.png", comparison, [m for m in HEADLINE if m in comparison.table] or comparison.metrics[:4])
-    curves = curves_plot(client, comparison.groups, out_dir / "curves.png", comparison.title)
-    return [out_dir / "report.md", out_dir / "report.html", *tables, out_dir / "comparison.png",
-            *([curves] if curves else [])], comparison
+    tmp = out_dir / f".tmp-{os.getpid()}"  # written whole, then moved in: a failed write leaves the old report
+    tmp.mkdir(exist_ok=True)
+    try:
+        (tmp / "report.md").write_text(comparison.markdown())
+        (tmp / "report.html").write_text(comparison.html())
+        comparison.write_csv(tmp, group_by)
+        _plot(tmp / "comparison.png", comparison, [m for m in HEADLINE if m in comparison.table] or comparison.metrics[:4])
+        curves_plot(client, comparison.groups, tmp / "curves.png", comparison.title)
+        files = [out_dir / name for name in ("report.md", "report.html", "comparison.csv", "paired.csv",
+                                             "comparison.png", "curves.png") if (tmp / name).is_file()]
+        for f in files:
+            os.replace(tmp / f.name, f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return files, comparison
 
 
 def curves_plot(client, groups: dict[str, list], path: Path, title: str) -> Path | None:

@@ -176,5 +176,5 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
             f"; about {_seeds(r.seeds_observed)} seeds would resolve it" if r.seeds_observed else ""
         out.append(f"  {r.sampler}: {r.verdict}, {_diff(r)}{need}")
     if command:
-        out.append(f"  add seeds: {command}")
+        out.append(f"  add the seeds that detect {comparison.min_effect:.0%} (report.min_effect): {command}")
     return out

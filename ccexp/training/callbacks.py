@@ -195,21 +195,36 @@ class StopOnSignal(Callback):
     never mid-accumulation: the signal only sets a flag; at the step's last micro-batch the ranks agree
     (all-reduce), a checkpoint is saved to ``path`` (mid-epoch, so it resumes like any step
     checkpoint) and :class:`~ccexp.errors.Interrupted` is raised, naming the checkpoint. A second
-    Ctrl-C stops at once. The previous handlers come back when training ends."""
+    Ctrl-C stops at once, also with :class:`~ccexp.errors.Interrupted` — never a ``KeyboardInterrupt``,
+    on which Lightning would exit with status 1 — naming the newest checkpoint there is (checkpoints
+    are written atomically, so the one being written when it came is either whole or absent). The
+    previous handlers come back when training ends."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.signum = 0
         self._previous: dict[int, object] = {}
+        self._trainer = None
 
     def _flag(self, signum, frame) -> None:
         self.signum = self.signum or signum
         if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts at once
-        log.warning("%s received: stopping after this optimizer step and saving a checkpoint",
-                    signal.Signals(signum).name)
+            signal.signal(signal.SIGINT, self._at_once)  # a second Ctrl-C interrupts at once
+        log.warning("%s received: stopping after this optimizer step and saving a checkpoint%s",
+                    signal.Signals(signum).name, " (Ctrl-C again stops at once)" if signum == signal.SIGINT else "")
+
+    def _at_once(self, signum, frame) -> None:
+        from ccexp.errors import Interrupted
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third one while we unwind changes nothing
+        step = self._trainer.global_step if self._trainer is not None else 0
+        newest = max(self.path.parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, default=None)
+        raise Interrupted(signum, f"stopped at once by a second SIGINT during step {step + 1}; " + (
+            f"the newest checkpoint is {newest}: resume with train.resume_from=last" if newest else
+            "no checkpoint had been saved"))
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._trainer = trainer
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._flag)  # replaces Lightning's, which would stop mid-accumulation
@@ -224,6 +239,8 @@ class StopOnSignal(Callback):
             trainer.save_checkpoint(self.path, weights_only=False)  # the full state, to resume from
             from ccexp.errors import Interrupted
 
+            for signum in (signal.SIGTERM, signal.SIGINT):  # stopping now: nothing may cut the closing short
+                self._previous[signum] = signal.SIG_IGN
             raise Interrupted(int(flag.item()), f"stopped by {signal.Signals(int(flag.item())).name} after step "
                                                 f"{trainer.global_step}; resume with train.resume_from={self.path} "
                                                 "(or train.resume_from=last)")

@@ -16,6 +16,7 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import get_method
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig
 
@@ -94,13 +95,34 @@ def build_model(cfg: DictConfig, tokenized: TokenizedCorpus, pretrained: str | N
     return build(cfg.model, "model", vocab_size=len(tokenized.tokenizer), eos_id=tokenized.separator_id, **extra)
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``torch.save`` checkpoints, written to a temporary sibling and renamed into place, so a
+    checkpoint either exists whole or not at all: a full disk or a kill mid-write leaves the previous
+    ``last.ckpt`` intact, never a truncated file that looks complete."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        import os
+        import uuid
+
+        final = Path(path)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}-{uuid.uuid4().hex[:6]}.tmp")
+        try:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callback],
                   model: torch.nn.Module | None = None) -> L.Trainer:
-    """``trainer._target_`` (Lightning's Trainer) with the run's steps, accumulation, checkpoints and
-    callbacks; for ``strategy=fsdp`` the strategy built from ``trainer.fsdp`` around ``model``."""
+    """``trainer._target_`` (Lightning's Trainer) with the run's steps, accumulation, checkpoints (written
+    atomically, :class:`AtomicCheckpointIO`) and callbacks; for ``strategy=fsdp`` the strategy built from
+    ``trainer.fsdp`` around ``model`` (its sharded checkpoints are folders it writes itself)."""
     from ccexp.training.distributed import fsdp_strategy, uses_fsdp
 
-    extra = {"strategy": fsdp_strategy(cfg, model)} if uses_fsdp(cfg) and model is not None else {}
+    extra = {"strategy": fsdp_strategy(cfg, model)} if uses_fsdp(cfg) and model is not None else \
+        {"plugins": [AtomicCheckpointIO()]}
     if cfg.trainer.accelerator == "cpu" and cfg.trainer.threads:
         torch.set_num_threads(int(cfg.trainer.threads))
     every = cfg.train.checkpoint_every_n_steps
@@ -172,6 +194,8 @@ def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: i
 
     from omegaconf import OmegaConf
 
+    from ccexp.config import world_size
+
     def settings(node) -> str:
         return json.dumps({k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"},
                           sort_keys=True, default=str)
@@ -184,11 +208,14 @@ def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: i
             "model": settings(cfg.model),
             "train.tokens_per_step": int(t.tokens_per_step), "train.seq_len": int(t.seq_len),
             "train.max_doc_tokens": t.max_doc_tokens, "train.document_mask": bool(t.document_mask),
-            "train.grad_accumulation": int(t.grad_accumulation)}
+            "train.micro_batch_size": int(t.micro_batch_size),
+            "trainer.devices x trainer.num_nodes": world_size(cfg.trainer.devices, int(cfg.trainer.num_nodes),
+                                                              str(cfg.trainer.accelerator))}
 
 
-def check_resume(path: str, signature: dict) -> None:
-    """Refuse, in one line naming what differs, to resume a checkpoint saved under other settings.
+def check_resume(path: str, signature: dict) -> int:
+    """Refuse, in one line naming what differs, to resume a checkpoint saved under other settings; return
+    the optimizer step it was saved after.
 
     Raises:
         CcexpError: if the checkpoint is missing or unreadable, or its settings differ from ``signature``.
@@ -199,18 +226,20 @@ def check_resume(path: str, signature: dict) -> None:
         raise CcexpError(f"train.resume_from={path!r} does not exist; give a checkpoint (.ckpt) of an earlier run "
                          "or train.resume_from=last")
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("ccexp")
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise CcexpError(f"train.resume_from={path!r} is not a readable checkpoint ({str(e).splitlines()[0][:120]})"
                          ) from None
+    saved, step = checkpoint.get("ccexp"), int(checkpoint.get("global_step", 0))
     if saved is None:
         log.warning("resume: %s carries no ccexp run signature; its settings cannot be checked", path)
-        return
+        return step
     differ = [f"{key} {saved.get(key)!r} -> {signature.get(key)!r}" for key in sorted(set(saved) | set(signature))
               if saved.get(key) != signature.get(key)]
     if differ:
         raise CcexpError(f"train.resume_from={path} was saved with other settings ({'; '.join(differ)}); resume with "
                          "the same corpus, clustering, sampler, model and token budget, or start a new run")
+    return step
 
 
 def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torch.nn.Module,
@@ -225,7 +254,13 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
     """
     t0 = time.perf_counter()
     if resume_from:
-        check_resume(resume_from, signature)
+        import warnings
+
+        step = check_resume(resume_from, signature)
+        # Lightning cannot see that the data module restores the stream exactly, and warns otherwise
+        warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+        log.info("resume: continuing after step %d from %s on exactly the tokens an uninterrupted run trains on (the "
+                 "sampler's and the token stream's state are in the checkpoint)", step, resume_from)
     sampler = stream.sampler
     group_field, group_names, groups = label_groups(labels)
     dm = SamplerDataModule(stream, split.train_docs, tokenized.tokens, tokenized.offsets, total_steps=cfg.train.steps,
