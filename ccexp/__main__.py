@@ -15,7 +15,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ccexp.conf import CONFIG_DIR  # noqa: F401  (re-exported: the shipped config folder)
 from ccexp.config import register
@@ -30,7 +30,6 @@ def main(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from ccexp.errors import Interrupted
-    from ccexp.pipeline import run
     from ccexp.tracking.sweep import write_job_status
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -39,6 +38,13 @@ def main(cfg: DictConfig) -> float:
     if multirun and kept_or_skipped(cfg, job_dir, overrides):
         return float("nan")
     try:
+        from ccexp.preflight import check_inputs
+
+        check_inputs(cfg)  # a wrong path or key is known before torch and Lightning are imported
+        if cfg.recipe_note:
+            log.warning("recipe %s: %s", cfg.recipe_name, cfg.recipe_note)
+        from ccexp.pipeline import run
+
         metrics = run(cfg, job_dir, multirun=multirun)
     except Interrupted as e:
         if multirun:
@@ -125,6 +131,49 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def with_typo_hint(message: str, argv: list[str]) -> str:
+    """Hydra's "Could not override 'a.b'" line for a misspelt key, with the setting it most likely meant
+    (``did you mean 'sampler.clip_threshold'?``) instead of its advice to add the key with ``+``."""
+    import difflib
+    import re
+
+    found = re.match(r"Could not override '([\w.]+)'\. To append to your config use \+\S+ ", message)
+    if not found:
+        return message
+    key = found.group(1)
+    try:
+        from hydra.core.global_hydra import GlobalHydra
+
+        from ccexp.config import compose
+
+        GlobalHydra.instance().clear()
+        node = compose([a for a in argv if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~") != key])
+    except Exception:  # the hint is a courtesy: without it the line is still Hydra's
+        return message
+    meant = []
+    for part in key.split("."):  # each part as written, or the setting at that level it most likely means
+        keys = list(node.keys()) if OmegaConf.is_dict(node) else []
+        close = [part] if part in keys else difflib.get_close_matches(part, keys, n=1, cutoff=0.6)
+        if not close:
+            return message
+        meant.append(close[0])
+        node = node[close[0]]
+    return message.replace(found.group(0), f"Could not override '{key}': did you mean '{'.'.join(meant)}'? ")
+
+
+def help_overrides(argv: list[str]) -> list[str]:
+    """The overrides of a ``--help`` call (flags dropped; a sweep's comma list shows its first value)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        key, sep, value = arg.partition("=")
+        if sep and "," in value and not value.startswith(("[", "{", "'", '"')):
+            value = value.split(",", 1)[0]
+        out.append(f"{key}{sep}{value}")
+    return out
+
+
 def _raise_interrupted(signum, frame) -> None:
     import signal
 
@@ -148,6 +197,11 @@ def cli() -> None:
     signal.signal(signal.SIGTERM, _raise_interrupted)  # training replaces it to stop at a step boundary
     signal.signal(signal.SIGINT, _raise_interrupted)  # not KeyboardInterrupt, on which Lightning exits with status 1
     try:
+        if {"--help", "-h"} & set(sys.argv[1:]):  # every setting with its description, from the schemas
+            from ccexp.help import help_text
+
+            print(help_text(help_overrides(sys.argv[1:])))
+            return
         main()
     except (Interrupted, KeyboardInterrupt) as e:
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
@@ -161,7 +215,7 @@ def cli() -> None:
     except (HydraException, OmegaConfBaseException) as e:
         close_active_sweep("FAILED")
         cause = e.__cause__ or e.__context__
-        fail(str(cause) if isinstance(cause, CcexpError) else one_line(e))
+        fail(str(cause) if isinstance(cause, CcexpError) else with_typo_hint(one_line(e), sys.argv[1:]))
     except Exception as e:
         close_active_sweep("FAILED")  # a crash of the sweep itself (e.g. its launcher): never leave it RUNNING
         from ccexp.errors import disk_full_line

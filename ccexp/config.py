@@ -28,6 +28,7 @@ def ge(low: float, default: Any = MISSING, **kw) -> Any:
 @dataclass
 class PathsConfig:
     outputs: str = "outputs"  # Hydra runs, the stage cache and the MLflow store live here
+    # the stage cache (corpus, embeddings, clusterings, tokens): reused by every run whose inputs match
     cache: str = "${paths.outputs}/cache"
 
 
@@ -146,7 +147,10 @@ GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train
 
 @dataclass
 class TrainConfig:
-    steps: int = ge(1, 1000)  # optimizer steps
+    steps: int = ge(1, 1000)  # optimizer steps (derived from passes when that is set)
+    # the budget as passes over the training tokens: steps = ceil(passes x tokens / tokens_per_step)
+    passes: Optional[float] = None
+    max_steps: Optional[int] = ge(1, None)  # with passes: at most this many steps (a bounded first look at any corpus size)
     init_seed: int = "${seed}"  # type: ignore[assignment]  # the model's initialisation (and dropout)
     tokens_per_step: int = ge(1, 2048)  # target tokens per optimizer step, all ranks together (a multiple of seq_len)
     micro_batch_size: int = ge(1, 16)  # rows of seq_len tokens per forward pass per rank: what sets peak memory
@@ -156,10 +160,10 @@ class TrainConfig:
     max_doc_tokens: Optional[int] = ge(1, None)  # cap on the tokens taken from one document (cut tokens are counted)
     document_mask: bool = False  # attend only within each document (per-document position ids)
     on_nonfinite: str = "stop"  # stop | skip_batch: what a NaN/inf training loss does (a bad gradient always stops)
-    lr: float = 2e-3
-    weight_decay: float = 0.1
-    warmup_steps: int = ge(0, 20)
-    log_every_n_steps: int = ge(1, 10)
+    lr: float = 2e-3  # peak learning rate (AdamW; linear warm-up, cosine decay)
+    weight_decay: float = 0.1  # AdamW weight decay
+    warmup_steps: int = ge(0, 20)  # steps of linear learning-rate warm-up
+    log_every_n_steps: int = ge(1, 10)  # steps between training progress lines and logged losses
     # a checkpoint to resume (<run>/checkpoints/last.ckpt); "last": this configuration's newest (an error if none);
     # "auto": the same, or a fresh start when there is none (Slurm jobs that may be requeued)
     resume_from: Optional[str] = None
@@ -170,20 +174,22 @@ class TrainConfig:
 @dataclass
 class DataConfig:
     _target_: str = "ccexp.data.corpus.CorpusReader"
-    name: str = MISSING
+    name: str = MISSING  # the data option's name (builtin, jsonl, parquet, hf_disk)
     path: str = MISSING  # a .jsonl(.gz) / .parquet file, a datasets folder (save_to_disk), or "builtin"
     format: str = "auto"  # auto | jsonl | parquet | hf_disk
     split: str = "train"  # the split of a datasets folder holding a DatasetDict
-    text_field: str = "text"
+    text_field: str = "text"  # the field holding each document's text
+    # the field holding each document's id (null: the row number); the held-out split hashes it
     id_field: Optional[str] = "id"
+    # fields reported per value (held-out ppl and exposure per domain, ...); set it for your corpus
     label_fields: list[str] = field(default_factory=list)
-    drop_empty: bool = True
-    max_documents: Optional[int] = ge(1, None)
+    drop_empty: bool = True  # skip documents whose text is empty (counted in a warning)
+    max_documents: Optional[int] = ge(1, None)  # read a hash-chosen subsample of this many documents; null = all
     heldout_fraction: float = 0.05  # in (0, 1): documents held out by a hash of their id
     # a field of label_fields: each of its values gets at least heldout_min_per_value held-out documents (at most
     # half of its documents), so a rare value's held-out perplexity rests on more than a handful; null = off
     heldout_stratify: Optional[str] = None
-    heldout_min_per_value: int = ge(0, 20)
+    heldout_min_per_value: int = ge(0, 20)  # with heldout_stratify: the least held-out documents per label value
     shard_documents: int = ge(1, 100_000)  # documents per corpus shard: the unit of reading, tokenizing and resume
     # instruction data: text_field is the prompt, this field the response; only response tokens are trained on
     response_field: Optional[str] = None
@@ -192,11 +198,11 @@ class DataConfig:
 @dataclass
 class EmbedderConfig:
     _target_: str = "ccexp.embedding.sentence.SentenceEmbedder"
-    name: str = MISSING
-    model: str = MISSING
-    batch_size: int = ge(1, 64)
-    max_seq_length: int = ge(1, 256)
-    device: str = "auto"
+    name: str = MISSING  # the embedder option's name
+    model: str = MISSING  # minilm (the packaged all-MiniLM-L6-v2) or a local sentence-transformers folder
+    batch_size: int = ge(1, 64)  # documents per forward pass
+    max_seq_length: int = ge(1, 256)  # tokens embedded per document (see long_documents)
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda
     shard_size: int = ge(1, 2048)  # documents per shard: the unit of progress, resume and rank assignment
     long_documents: str = "truncate"  # truncate | chunk_mean: documents longer than max_seq_length tokens
     trust_remote_code: bool = False  # run the model folder's own code (e.g. jina-embeddings-v2's ALiBi BERT)
@@ -207,11 +213,11 @@ class EmbedderConfig:
 @dataclass
 class GradientProxyConfig:
     _target_: str = "ccexp.embedding.gradient.GradientProxyEmbedder"
-    name: str = MISSING
+    name: str = MISSING  # the embedder option's name
     model: str = "model"  # "model" = the run's own model.pretrained; or a local HF folder
-    batch_size: int = ge(1, 16)
+    batch_size: int = ge(1, 16)  # documents per forward and backward pass
     max_seq_length: int = ge(2, 512)  # tokens read per document (prompt + response)
-    device: str = "auto"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda
     shard_size: int = ge(1, 256)  # smaller than the sentence embedder's: a causal LM embeds far fewer docs/s
     dtype: str = "float32"  # float32 | bfloat16 | float16 while embedding
 
@@ -219,16 +225,16 @@ class GradientProxyConfig:
 @dataclass
 class KMeansConfig:
     _target_: str = "ccexp.clustering.kmeans.FaissKMeans"
-    name: str = "kmeans"
-    k: int = ge(1, 32)
-    niter: int = ge(1, 20)
+    name: str = "kmeans"  # the clusterer option's name
+    k: int = ge(1, 32)  # clusters K (the units the samplers balance)
+    niter: int = ge(1, 20)  # k-means iterations (FAISS)
     seed: int = 0  # the partition's seed: fixed, not ${seed}, so every seed of a sweep shares one clustering
-    max_points_per_centroid: int = ge(1, 256)
-    spherical: bool = True
-    nredo: int = 1
-    assign_batch: int = 65536
+    max_points_per_centroid: int = ge(1, 256)  # k-means trains on at most K x this many points (a random subsample)
+    spherical: bool = True  # normalise centroids (cosine k-means, as for sentence embeddings)
+    nredo: int = 1  # k-means restarts; the lowest objective is kept
+    assign_batch: int = 65536  # documents assigned to centroids per batch (bounds memory)
     device: str = "auto"  # auto (GPU when FAISS has one) | cpu | gpu
-    verbose: bool = False
+    verbose: bool = False  # FAISS's own k-means progress
     # CluSTER's size cap: no cluster holds more than ceil((1+ε) N/K) training documents; null = no cap
     size_cap_epsilon: Optional[float] = ge(0, None)
 
@@ -236,40 +242,40 @@ class KMeansConfig:
 @dataclass
 class HierarchicalConfig:
     _target_: str = "ccexp.clustering.hierarchical.HierarchicalKMeans"
-    name: str = "hierarchical"
+    name: str = "hierarchical"  # the clusterer option's name
     levels: list[int] = field(default_factory=lambda: [128, 32, 8])  # finest first
-    niter: int = ge(1, 20)
+    niter: int = ge(1, 20)  # k-means iterations per level (FAISS)
     seed: int = 0  # the partition's seed (fixed; see KMeansConfig.seed)
     resampling_steps: Any = 0  # per level, or one value
     sample_size: Any = 10  # points per cluster in a resampling step, per level or one value
     sampling: str = "closest"  # closest | random
-    max_points_per_centroid: int = ge(1, 256)
-    spherical: bool = True
-    assign_batch: int = 65536
-    device: str = "auto"
-    verbose: bool = False
+    max_points_per_centroid: int = ge(1, 256)  # k-means trains on at most K x this many points (a random subsample)
+    spherical: bool = True  # normalise centroids (cosine k-means)
+    assign_batch: int = 65536  # documents assigned to centroids per batch (bounds memory)
+    device: str = "auto"  # auto (GPU when FAISS has one) | cpu | gpu
+    verbose: bool = False  # FAISS's own k-means progress
 
 
 @dataclass
 class TwoLevelConfig:
     _target_: str = "ccexp.clustering.two_level.TwoLevelKMeans"
-    name: str = "two_level"
+    name: str = "two_level"  # the clusterer option's name
     k: int = ge(1, 1024)  # fine clusters
     coarse_k: Optional[int] = ge(1, None)  # coarse cells; null = round(sqrt(k))
-    niter: int = ge(1, 20)
+    niter: int = ge(1, 20)  # k-means iterations per level (FAISS)
     seed: int = 0  # the partition's seed (fixed; see KMeansConfig.seed)
-    max_points_per_centroid: int = ge(1, 256)
-    spherical: bool = True
+    max_points_per_centroid: int = ge(1, 256)  # k-means trains on at most K x this many points (a random subsample)
+    spherical: bool = True  # normalise centroids (cosine k-means)
     nprobe: int = ge(1, 3)  # coarse cells searched per document when assigning (coarse_k: exact)
-    assign_batch: int = 65536
-    device: str = "auto"
-    verbose: bool = False
+    assign_batch: int = 65536  # documents assigned to centroids per batch (bounds memory)
+    device: str = "auto"  # auto (GPU when FAISS has one) | cpu | gpu
+    verbose: bool = False  # FAISS's own k-means progress
 
 
 @dataclass
 class LabelGroupsConfig:
     _target_: str = "ccexp.clustering.labels.LabelGroups"
-    name: str = "labels"
+    name: str = "labels"  # the clusterer option's name
     label_field: str = "domain"  # a field of data.label_fields: its values are the groups
 
 
@@ -278,7 +284,7 @@ class SelectionConfig:
     """Balanced selection (Vo et al. 2024 §3.2): keep ``target`` training documents, water-filled over
     the clustering's levels from the coarsest down (:mod:`ccexp.clustering.selection`); null = keep all."""
 
-    target: Optional[int] = ge(1, None)
+    target: Optional[int] = ge(1, None)  # training documents to keep; null = all
     strategy: str = "random"  # random | closest (to the finest centroid)
     seed: int = 0  # ties and random picks: part of the setup (fixed), not of a run's seed
 
@@ -288,7 +294,7 @@ class DedupConfig:
     """Semantic deduplication inside the finest clusters (SemDeDup, Abbas et al. 2023;
     :mod:`ccexp.clustering.dedup`), a cached curation step before the sampler; off unless ``enabled``."""
 
-    enabled: bool = False
+    enabled: bool = False  # remove near-duplicate training documents before sampling
     threshold: float = 0.95  # cosine similarity in (0, 1] above which two training documents are near-duplicates
     keep: str = "hard"  # hard (farthest from the centroid survives, SemDeDup's default) | easy | random
     examples: int = ge(0, 20)  # example pairs (removed document, the one it duplicates) in the report
@@ -303,7 +309,7 @@ class CurateConfig:
 @dataclass
 class SamplerConfig:
     _target_: str = MISSING
-    name: str = MISSING
+    name: str = MISSING  # the sampler option's name
     level: int = 0  # the clustering level to balance at (hierarchical clusterers; 0 = finest)
     seed: int = "${seed}"  # type: ignore[assignment]  # the data order: which documents, in which order
 
@@ -334,7 +340,7 @@ class UniMaxConfig(SamplerConfig):
 @dataclass
 class ClusterClipConfig(SamplerConfig):
     _target_: str = "ccexp.sampling.ClusterClipSampler"
-    clip_threshold: int = 5
+    clip_threshold: int = 5  # M: a document drawn M times is clipped (no longer drawn) (Shao et al. 2024, Alg. 1)
     after_clip: str = "uniform"  # uniform | proportional
     on_exhausted: str = "error"  # error | reset
 
@@ -345,8 +351,9 @@ class DynamicConfig(SamplerConfig):
     rule: str = "odm"  # odm | doremi
     update_every: int = 1  # optimizer steps per weight update (ODM: every step)
     warmup_steps: int = "${ccexp.percent:${train.steps},5}"  # type: ignore[assignment]  # 5 % of the run
-    beta: float = 0.9
-    eta: float = 1.0
+    beta: float = 0.9  # ODM: the smoothing of each cluster's reward (its moving average), in [0, 1)
+    eta: float = 1.0  # DoReMi: the step size of the exponentiated-gradient weight update, > 0
+    # DoReMi: the share of the uniform distribution mixed into the weights, in [0, 1]
     epsilon: float = 1e-3
     eta_tokens: Optional[float] = 524288 / 22  # DoReMi: eta is per this many tokens per cluster (2^19 tokens / 22 domains); null: per update
     # DoReMi's per-cluster reference loss: "auto" (a reference run of reference_steps with sampler=random on the
@@ -354,14 +361,14 @@ class DynamicConfig(SamplerConfig):
     reference_losses: Optional[Any] = "auto"
     reference_steps: int = ge(1, "${ccexp.percent:${train.steps},20,1}")  # 20 % of the run, at least 1 step
     reference_documents: int = ge(1, 32)  # training documents per cluster the reference model is scored on
-    clip_threshold: Optional[int] = None
-    on_exhausted: str = "error"
+    clip_threshold: Optional[int] = None  # as ClusterClip's M; null = no clip
+    on_exhausted: str = "error"  # error | reset: what a clip that exhausts every cluster does
 
 
 @dataclass
 class ClusterDPConfig(SamplerConfig):
     _target_: str = "ccexp.sampling.ClusterDPSampler"
-    ratio: float = 1.0
+    ratio: float = 1.0  # CluSTER's reduction: every cluster keeps floor(smallest cluster size x ratio) documents, in (0, 1]
     keep: str = "farthest"  # farthest | closest | random
     layout: str = "blocked"  # blocked | interleaved
 
@@ -370,7 +377,7 @@ class ClusterDPConfig(SamplerConfig):
 class TokenizerConfig:
     kind: str = "bpe"  # bpe (trained locally) | pretrained (from model.pretrained)
     vocab_size: int = ge(300, 4096)  # a byte-level BPE needs its 256 bytes and merges
-    path: Optional[str] = None
+    path: Optional[str] = None  # a local tokenizer folder to use instead; null = as kind says
     # the token put before every packed document; null = BOS if the tokenizer adds one (Llama), else EOS
     separator: Optional[str] = None
 
@@ -378,23 +385,23 @@ class TokenizerConfig:
 @dataclass
 class TinyGPTConfig:
     _target_: str = "ccexp.training.models.tiny_gpt"
-    name: str = "tiny_gpt"
-    n_layer: int = 2
-    n_embd: int = 128
-    n_head: int = 4
-    n_positions: int = 512
-    dropout: float = 0.0
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    name: str = "tiny_gpt"  # the model option's name
+    n_layer: int = 2  # transformer blocks
+    n_embd: int = 128  # model width
+    n_head: int = 4  # attention heads (n_embd must divide by it)
+    n_positions: int = 512  # the longest position the model has (>= train.seq_len and eval.max_tokens)
+    dropout: float = 0.0  # dropout probability during training
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # the tokenizer (below)
 
 
 @dataclass
 class HFCausalLMConfig:
     _target_: str = "ccexp.training.models.hf_causal_lm"
-    name: str = MISSING
-    pretrained: str = MISSING
-    dtype: str = "float32"
-    gradient_checkpointing: bool = False
-    tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(kind="pretrained", path=None))
+    name: str = MISSING  # the model option's name
+    pretrained: str = MISSING  # a local Hugging Face model folder or a .gguf file (converted once)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the weights' dtype
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
+    tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(kind="pretrained", path=None))  # the tokenizer (below): the model folder's own by default
     # the numbers of the model's config.json (model_type, hidden_size, ...): python -m ccexp.plan builds the
     # model from them on the meta device without the weights; null = read config.json from model.pretrained
     architecture: Optional[dict] = None
@@ -408,32 +415,32 @@ class FSDPConfig:
     activation_checkpointing: bool = True  # recompute each decoder layer's activations in the backward pass
     sharding_strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | NO_SHARD
     state_dict_type: str = "sharded"  # sharded (each rank writes its shard) | full
-    cpu_offload: bool = False
+    cpu_offload: bool = False  # keep parameters on the CPU between uses (for models larger than the GPUs)
     load_weights: str = "rank0"  # rank0 (read once, other ranks on the meta device, broadcast) | every_rank
 
 
 @dataclass
 class TrainerConfig:
     _target_: str = "lightning.pytorch.Trainer"
-    name: str = MISSING
-    accelerator: str = "cpu"
-    devices: Any = 1
-    num_nodes: int = ge(1, 1)
-    strategy: str = "auto"
-    precision: str = "32-true"
-    gradient_clip_val: Optional[float] = 1.0
+    name: str = MISSING  # the trainer option's name (cpu, gpu, ddp, fsdp)
+    accelerator: str = "cpu"  # Lightning's accelerator: cpu | gpu | auto
+    devices: Any = 1  # devices per node: a count, -1 (all), auto or a list of ids
+    num_nodes: int = ge(1, 1)  # nodes (multi-node runs under a launcher such as Slurm or torchrun)
+    strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
+    precision: str = "32-true"  # Lightning's precision: 32-true | bf16-mixed | 16-mixed | bf16-true
+    gradient_clip_val: Optional[float] = 1.0  # clip the gradient norm to this; null = off
     threads: Optional[int] = ge(1, None)  # torch.set_num_threads on CPU; None = torch's default
-    enable_progress_bar: bool = True
+    enable_progress_bar: bool = True  # Lightning's live bar (ccexp's progress lines are logged either way)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # used when strategy=fsdp
 
 
 @dataclass
 class LoggerConfig:
-    name: str = MISSING
-    enabled: bool = True
+    name: str = MISSING  # the logger option's name
+    enabled: bool = True  # log to MLflow (false: files only)
     tracking_uri: Optional[str] = None  # default sqlite:///<paths.outputs>/mlflow.db
     artifact_location: Optional[str] = None  # default <paths.outputs>/mlartifacts
-    experiment: str = "ccexp"
+    experiment: str = "ccexp"  # the MLflow experiment the runs go to
 
 
 @dataclass
@@ -442,19 +449,19 @@ class LmEvalConfig:
     label_field: str = "domain"  # one perplexity task per value of this label (if the corpus has it)
     tasks: list[str] = field(default_factory=list)  # standard lm-eval tasks, if cached locally
     limit: Optional[int] = None  # documents per task
-    batch_size: int = 16
-    max_docs_per_task: int = 100
-    mc_docs: int = 200
+    batch_size: int = 16  # lm-eval's batch size
+    max_docs_per_task: int = 100  # documents scored per task (a fixed subset: the same for every run)
+    mc_docs: int = 200  # questions in the held-out multiple-choice task (documents of at least 40 characters)
     seed: int = 0  # the documents each task samples and lm-eval's own seeds: fixed, so every run is scored alike
 
 
 @dataclass
 class EvalConfig:
-    name: str = MISSING
+    name: str = MISSING  # the eval option's name
     # tokens scored per held-out document: by default the training rows' length, so no scored token sits at a
     # position the model never trained (a model trained from scratch on rows of seq_len has seen no later one)
     max_tokens: int = ge(1, "${train.seq_len}")
-    batch_size: int = ge(1, 32)
+    batch_size: int = ge(1, 32)  # held-out documents scored per batch
     max_cluster_metrics: int = ge(0, 256)  # per-cluster metrics go to MLflow when K <= this (CSV always)
     min_cluster_docs: int = ge(1, 5)  # ppl_worst considers clusters with at least this many held-out documents
     every_n_steps: Optional[int] = ge(1, 100)  # score a fixed held-out sample every N optimizer steps (curve/*); null = off
@@ -466,7 +473,7 @@ class EvalConfig:
     # none by default: measured in docs/studies/decisive/averaging.md, no average cut the seed-to-seed noise
     average: str = "none"
     average_span: float = 0.1  # in (0, 1]: the fraction of the run the average covers
-    lm_eval: Optional[LmEvalConfig] = None
+    lm_eval: Optional[LmEvalConfig] = None  # downstream tasks with lm-eval (eval=lm_eval); null = off
 
 
 @dataclass
@@ -479,7 +486,7 @@ class PlanConfig:
     zipf: float = 1.0  # synthetic: n_c ∝ c^-zipf
     mean_tokens: float = 500.0  # synthetic: mean document length (log-normal)
     sigma: float = 1.0  # synthetic: log-space spread of the lengths
-    record_every: int = ge(1, 100)  # steps between points of the mix-over-time curves
+    record_every: int = ge(1, 100)  # steps between points of the mix-over-time curves (at most steps/20)
 
 
 @dataclass
@@ -504,7 +511,8 @@ class RootConfig:
     logger: Any = MISSING
     eval: Any = MISSING
     seed: int = 0  # in [0, 2**32)
-    recipe_name: Optional[str] = None
+    recipe_name: Optional[str] = None  # the recipe a run was made from (set by +recipe=...)
+    recipe_note: Optional[str] = None  # what a recipe is for, said at the start of every run it makes
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     curate: CurateConfig = field(default_factory=CurateConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -40,10 +40,11 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     corpus = stage.corpus()
     check_cluster_counts(cfg, int((~corpus.heldout).sum()))  # before the embedding is paid for
     pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
+    tokenized = stage.tokenize(corpus, pretrained)
+    runner.settle_budget(cfg, tokenized, ~corpus.heldout)  # train.passes; a budget the data cannot supply: now
     embeddings = stage.embed(corpus, pretrained)
     clustering = stage.cluster(corpus, embeddings)
     kept = stage.dedup(corpus, embeddings, clustering)  # curate.dedup: near-duplicates removed (None: off)
-    tokenized = stage.tokenize(corpus, pretrained)
     split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering, kept))
 
     # 2. the components

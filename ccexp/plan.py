@@ -235,14 +235,23 @@ def stream_main(overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     try:
         variants = expand_sweep(overrides)
-        plans = []
-        for variant in variants:
+        plans, impossible = [], []
+        for variant in variants:  # a variant the data cannot supply is marked; the others are planned
             cfg = compose(variant)
-            plans.append((label_of(variant, overrides), cfg, stream_plan(cfg)))
-        out = write_plans(plans)
+            try:
+                plans.append((label_of(variant, overrides), cfg, stream_plan(cfg)))
+            except CcexpError as err:
+                if len(variants) == 1:
+                    raise
+                impossible.append((label_of(variant, overrides), str(err)))
+                logging.getLogger("ccexp").warning("plan: %s cannot run: %s", impossible[-1][0], err)
+        if not plans:
+            raise CcexpError("no variant can run: " + " | ".join(f"{label}: {why}" for label, why in impossible))
+        out = write_plans(plans, impossible)
     except (CcexpError, HydraException, OmegaConfBaseException) as err:
         return error_line(err)
-    print(f"plan: {out / 'plan.md'}")
+    print(f"plan: {out / 'plan.md'}" + (f" ({len(impossible)} of {len(variants)} variants cannot run: see it)"
+                                       if impossible else ""))
     return 0
 
 
@@ -288,15 +297,17 @@ def stream_plan(cfg):
         corpus = stage.corpus()
         check_cluster_counts(cfg, int((~corpus.heldout).sum()))
         pretrained = stage.model()
+        tokenized = stage.tokenize(corpus, pretrained)
+        runner.settle_budget(cfg, tokenized, ~corpus.heldout)  # as a training run: before any embedding
         embeddings = stage.embed(corpus, pretrained)
         clustering = stage.cluster(corpus, embeddings)
         kept = stage.dedup(corpus, embeddings, clustering)  # the same curation as a training run
-        tokenized = stage.tokenize(corpus, pretrained)
         split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering, kept))
         sampler = runner.build_sampler(cfg, split, tokenized)
         lengths = tokenized.lengths(split.train_docs)
     plan = simulate(sampler, lengths, steps=cfg.train.steps, tokens_per_step=cfg.train.tokens_per_step,
-                    seq_len=cfg.train.seq_len, max_doc_tokens=cfg.train.max_doc_tokens, record_every=p.record_every)
+                    seq_len=cfg.train.seq_len, max_doc_tokens=cfg.train.max_doc_tokens,
+                    record_every=min(int(p.record_every), -(-int(cfg.train.steps) // 20)))  # >= 20 points
     logging.getLogger("ccexp").info(
         "plan: %s, %d steps x %s tokens in %.1f s: %d of %d clusters clipped, max repetition %d", cfg.sampler.name,
         cfg.train.steps, f"{cfg.train.tokens_per_step:,}", plan.seconds, int((plan.clipped_at >= 0).sum()),
@@ -304,9 +315,10 @@ def stream_plan(cfg):
     return plan
 
 
-def write_plans(plans: list):
+def write_plans(plans: list, impossible: list[tuple[str, str]] | None = None):
     """``plan.md``, ``clusters.csv`` (one block per variant), ``history.csv`` and ``plan.png`` in a new
-    folder under ``<paths.outputs>/plans/``, and one MLflow run per variant. Returns the folder."""
+    folder under ``<paths.outputs>/plans/``, and one MLflow run per variant; ``impossible`` (label, the
+    line that refused it) are listed in ``plan.md`` as variants that cannot run. Returns the folder."""
     import csv
     import time
     from pathlib import Path
@@ -345,6 +357,7 @@ def write_plans(plans: list):
                      f"{int(clipped.min()) + 1 if clipped.size else '-'} | {max(p.repetition_histogram, default=0)} | "
                      f"{h['mix_entropy'][-1]:.3f} | {h['kl_to_corpus'][-1]:.3f} | {h['kl_to_uniform'][-1]:.3f} | "
                      f"{p.seconds:.1f} |")
+    lines += [f"| {label} | cannot run: {why} | | | | | | |" for label, why in impossible or []]
     lines += ["", "![plan](plan.png)", "", "Per cluster: clusters.csv; over time: history.csv."]
     (out / "plan.md").write_text("\n".join(lines) + "\n")
     log_plans(plans, out, [out / "plan.md", out / "clusters.csv", out / "history.csv", png])
@@ -363,14 +376,19 @@ def plot_plans(plans: list, path):
     from ccexp.names import plot_text
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    seen: dict[bytes, str] = {}  # plans whose tokens coincide: drawn with their own marker and named as the same
     for i, (label, _, p) in enumerate(plans):
+        same = seen.setdefault(p.tokens.tobytes(), label)
+        label = label if same == label else f"{label} (= {same})"
         nz = p.corpus_tokens > 0
         corpus = p.corpus_tokens[nz] / p.corpus_tokens[nz].sum()
         share = p.tokens[nz] / max(1, p.tokens.sum())
         order = np.argsort(corpus)
-        a.plot(corpus[order], np.maximum(share[order], 1e-12), ".", ms=3, label=plot_text(label, 60))
-        b.plot(p.history["step"], p.history["kl_to_corpus"], label=plot_text(label, 60), lw=1.2,
-               ls=("-", "--", ":", "-.")[i % 4])  # plans that coincide stay visible
+        marker = ("o", "x", "+", "^", "s", "1")[i % 6]  # plans that coincide stay visible
+        a.plot(corpus[order], np.maximum(share[order], 1e-12), marker, ms=4, mfc="none", ls="none",
+               label=plot_text(label, 60))
+        b.plot(p.history["step"], p.history["kl_to_corpus"], label=plot_text(label, 60), lw=1.2, marker=marker,
+               ms=5, mfc="none", ls=("-", "--", ":", "-.")[i % 4])  # a run shorter than plan.record_every: points
     lo = min(float((p.corpus_tokens[p.corpus_tokens > 0] / p.corpus_tokens.sum()).min()) for _, _, p in plans)
     a.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="= corpus token mix (random)")
     a.set(xscale="log", yscale="log", xlabel="cluster's share of the training split's tokens",

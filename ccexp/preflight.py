@@ -44,6 +44,8 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     if not (0 < cfg.report.min_effect < 1 and 0 < cfg.report.power < 1):
         raise CcexpError(f"report.min_effect={cfg.report.min_effect} and report.power={cfg.report.power} must be in "
                          "(0, 1)")
+    if cfg.train.passes is not None and not cfg.train.passes > 0:
+        raise CcexpError(f"train.passes={cfg.train.passes} must be > 0 (passes over the training tokens), or null")
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
     if not 0.0 < cfg.data.heldout_fraction < 1.0:
@@ -66,6 +68,24 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     _check_eval(cfg)
     _check_model(cfg)
     _check_components(cfg)
+    out = Path(cfg.paths.outputs).expanduser()
+    if out.exists() and not out.is_dir():
+        raise CcexpError(f"paths.outputs={str(out)!r} is a file; give a folder for ccexp's outputs")
+
+
+def check_inputs(cfg: DictConfig) -> None:
+    """The checks that need neither torch nor a model, run first (in about a second): keys and bounds,
+    required values, the corpus's path and format, and ``paths.outputs``.
+
+    Raises:
+        CcexpError: for the first problem.
+    """
+    from ccexp.data.corpus import check_source
+
+    _check_keys_and_bounds(cfg, schemas.RootConfig, "")
+    _check_missing(cfg)
+    if cfg.data.path != "builtin":
+        check_source(cfg.data.path, OmegaConf.select(cfg, "data.format", default="auto"))
     out = Path(cfg.paths.outputs).expanduser()
     if out.exists() and not out.is_dir():
         raise CcexpError(f"paths.outputs={str(out)!r} is a file; give a folder for ccexp's outputs")
@@ -133,9 +153,13 @@ def _walk_keys_and_bounds(node: DictConfig, schema: type, prefix: str, derived: 
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key in node.keys():
         if key not in fields:
+            import difflib
+
             known = ", ".join(sorted(k for k in fields if not k.startswith("_")))
-            raise CcexpError(f"{prefix}{key} is not a setting of {prefix[:-1]}; known: {known}" if prefix else
-                             f"{key} is not a ccexp setting; top-level settings are {known}")
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+            raise CcexpError(f"{prefix}{key} is not a setting of {prefix[:-1]}{hint} (known: {known})" if prefix else
+                             f"{key} is not a ccexp setting{hint} (top-level settings: {known})")
     hints = typing.get_type_hints(schema)
     for key, f in fields.items():
         if key not in node:

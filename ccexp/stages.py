@@ -104,9 +104,10 @@ class Stages:
         result = self._run("corpus", fp, lambda tmp: {**write_corpus(
             reader.batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
             label_fields=list(d.label_fields), stratify=d.heldout_stratify, min_per_value=int(d.heldout_min_per_value)),
-            "source": str(src)},
+            "source": str(src), "label_hint": reader.label_hint},
             lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} shard(s) from "
                       f"{Path(f['source']).name}")
+        _log_labels(result.figures)
         return open_corpus(result.path)
 
     def _content(self) -> str:
@@ -423,6 +424,19 @@ class Stages:
                            f"training docs: loss {f['loss_min']:.2f}..{f['loss_max']:.2f} nats/token over "
                            f"{f['clusters']} clusters")
         return np.load(result.path / "reference_losses.npy")
+
+
+def _log_labels(figures: dict) -> None:
+    """The run's labels line: each label field and its number of values, or ``none`` with a hint naming
+    the fields that look like labels."""
+    found = figures.get("label_values") or {}
+    if found:
+        log.info("labels: %s", ", ".join(f"{name} ({n:,} values)" for name, n in found.items()))
+        return
+    hint = figures.get("label_hint") or []
+    log.info("labels: none%s", "" if not hint else "; the records carry " + ", ".join(
+        f"{field!r} ({n} values, e.g. {', '.join(map(repr, examples))})" for field, n, examples in hint)
+        + f": data.label_fields=[{hint[0][0]}] gives held-out perplexity and exposure per {hint[0][0]}")
 
 
 def _train_reference(cfg: DictConfig, steps: int, split: TrainSplit, tokenized: TokenizedCorpus,

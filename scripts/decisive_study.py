@@ -269,7 +269,8 @@ def decompose(outputs: Path, out: Path, jobs: int) -> None:
     from mlflow import MlflowClient
 
     for name, (_, overrides) in SOURCES.items():
-        sweep(outputs, f"variance-{name}", [*overrides, "sampler=random,uniform"], jobs)
+        if len(finished_jobs(outputs / "multirun" / f"variance-{name}")) < 8:  # 4 values x 2 samplers
+            sweep(outputs, f"variance-{name}", [*overrides, "sampler=random,uniform"], jobs)
     client = MlflowClient(f"sqlite:///{(outputs / 'mlflow.db').resolve()}")
     rows = []
     for name, (title, _) in [*SOURCES.items(), ("main", ("initialisation and data order together (seed)", []))]:

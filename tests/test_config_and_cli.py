@@ -2,6 +2,7 @@
 recipes compose; bad options and keys fail with one clear line."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -170,7 +171,14 @@ def test_cli_wrong_option(tmp_path):
 
 def test_cli_unknown_key(tmp_path):
     line = one_error_line(run_ccexp("trian.steps=3", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "'trian.steps'" in line
+    assert "'trian.steps'" in line and "did you mean 'train.steps'?" in line
+
+
+def test_a_misspelt_setting_gets_the_one_it_most_likely_meant(tmp_path):
+    line = one_error_line(run_ccexp("sampler.clip_treshold=3", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "did you mean 'sampler.clip_threshold'?" in line and "+sampler" not in line
+    line = one_error_line(run_ccexp("sampler=uniform", "sampler.clip_treshold=3", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "did you mean" not in line  # uniform has no clip threshold: no guess
 
 
 def test_cli_missing_corpus_path(tmp_path):
@@ -199,6 +207,7 @@ BAD_SETTINGS = [
     (["trainer.devices=0"], "trainer.devices=0 is not valid"),
     (["+trian.steps=3"], "trian is not a ccexp setting"),
     (["+train.foo=3"], "train.foo is not a setting of train"),
+    (["+sampler.clip_treshold=3"], "sampler.clip_treshold is not a setting of sampler; did you mean sampler.clip_threshold?"),
     (["model.n_head=3"], "divisible by model.n_head=3"),
     (["model.tokenizer.kind=bogus"], "model.tokenizer.kind='bogus' is not an option"),
     (["model=hf_causal_lm", "model.pretrained=/nonexistent/model"], "is not a model folder"),
@@ -303,3 +312,24 @@ def test_help_lists_the_real_groups_only(tmp_path):
     assert proc.returncode == 0 and "schema" not in proc.stdout
     assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in proc.stdout
     assert "ccexp: does balancing" in proc.stdout and "docs/errors.md" in proc.stdout
+
+
+def test_help_describes_every_setting_from_its_schema():
+    from ccexp.help import field_notes
+
+    proc = run_ccexp("sampler=clusterclip_m2", "--help", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    clip = next(ln for ln in lines if ln.startswith("  sampler.clip_threshold=2 "))
+    assert "a document drawn M times is clipped" in clip
+    assert any(ln.startswith("  train.passes=null ") and "passes over the training tokens" in ln for ln in lines)
+    settings = [ln.split("=", 1)[0].strip() for ln in lines if re.match(r"^  [a-z_]+(\.[a-z_]+)*=", ln)]
+    assert "clusterer.k" in settings and "data.label_fields" in settings and not any("_target_" in s for s in settings)
+    from ccexp import config
+
+    # the notes are the schema's own comments (a trailing one, or the lines just above a field)
+    assert field_notes(config.TrainConfig)["resume_from"].startswith("a checkpoint to resume")
+    assert "type: ignore" not in field_notes(config.TrainConfig)["init_seed"]
+    undocumented = [f"{cls.__name__}.{f.name}" for _, _, cls in config.GROUP_SCHEMAS
+                    for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name not in field_notes(cls)]
+    assert undocumented == []

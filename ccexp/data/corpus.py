@@ -50,6 +50,30 @@ def take(column: Sequence[str], docs) -> list[str]:
     return [column[int(d)] for d in docs]
 
 
+def check_source(path: str | Path, format: str = "auto") -> tuple[Path, str]:
+    """The corpus's path and format, checked without reading it (pre-flight calls this before any import of
+    the heavy libraries, so a wrong path is known in about a second).
+
+    Raises:
+        CcexpError: for a path that does not exist, an unknown format, or a file/folder that does not
+            match the format.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CcexpError(f"data.path={str(path)!r} does not exist; point data.path at a .jsonl, .jsonl.gz or "
+                         ".parquet file, or a Hugging Face datasets folder (save_to_disk)")
+    format = detect_format(path) if format == "auto" else format
+    if format not in ("jsonl", "parquet", "hf_disk"):
+        raise CcexpError(f"data.format={format!r} is not an option; use auto, jsonl, parquet or hf_disk")
+    if path.is_dir() != (format == "hf_disk"):
+        raise CcexpError(f"data.path={str(path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or "
+                         ".parquet file, or read a datasets folder (save_to_disk) with data=hf_disk"
+                         if path.is_dir() else
+                         f"data.format=hf_disk needs a datasets folder (save_to_disk), but {str(path)!r} is a "
+                         "file; use data.format=auto")
+    return path, format
+
+
 def detect_format(path: Path) -> str:
     """``jsonl``, ``parquet`` or ``hf_disk`` (a folder written by ``datasets``' ``save_to_disk``) from the path.
 
@@ -177,22 +201,11 @@ class CorpusReader:
     def __init__(self, path: str | Path, *, format: str = "auto", text_field: str = "text",
                  id_field: str | None = "id", label_fields: list[str] | None = None, drop_empty: bool = True,
                  max_documents: int | None = None, response_field: str | None = None, split: str = "train"):
-        self.path = Path(path).expanduser()
-        if not self.path.exists():
-            raise CcexpError(f"data.path={str(self.path)!r} does not exist; point data.path at a .jsonl, .jsonl.gz or "
-                             ".parquet file, or a Hugging Face datasets folder (save_to_disk)")
-        self.format = detect_format(self.path) if format == "auto" else format
-        if self.format not in ("jsonl", "parquet", "hf_disk"):
-            raise CcexpError(f"data.format={self.format!r} is not an option; use auto, jsonl, parquet or hf_disk")
-        if self.path.is_dir() != (self.format == "hf_disk"):
-            raise CcexpError(f"data.path={str(self.path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or "
-                             ".parquet file, or read a datasets folder (save_to_disk) with data=hf_disk"
-                             if self.path.is_dir() else
-                             f"data.format=hf_disk needs a datasets folder (save_to_disk), but {str(self.path)!r} is a "
-                             "file; use data.format=auto")
+        self.path, self.format = check_source(path, format)
         self.text_field, self.id_field, self.label_fields = text_field, id_field, list(label_fields or [])
         self.drop_empty, self.max_documents, self.response_field = drop_empty, max_documents, response_field
         self.split = split
+        self.label_hint: list[list] = []  # fields that look like labels but were not asked for (after a read)
 
     def _records(self):
         columns = ([self.text_field] + ([self.response_field] if self.response_field else [])
@@ -212,11 +225,13 @@ class CorpusReader:
                 or no documents at all.
         """
         batch, empty, total = self._new_batch(), 0, 0
+        fields = _FieldCensus(self.label_fields)
         for row, rec in self._records():
             text, prompt = self._text(row, rec)
             if text is None:
                 empty += 1
                 continue
+            fields.add(rec)
             doc_id = rec.get(self.id_field) if self.id_field else None
             batch.add(str(doc_id) if doc_id is not None else f"row-{row}", text, len(prompt),
                       {name: _label_value(rec.get(name)) for name in self.label_fields})
@@ -226,6 +241,9 @@ class CorpusReader:
                 batch = self._new_batch()
         if empty and warn:
             log.warning("corpus: dropped %d empty document(s) from %s", empty, self.path)
+        fields.check(self.path, warn)
+        skip = {self.text_field, self.id_field, self.response_field, *self.label_fields}
+        self.label_hint = fields.hint(skip)
         if not total and not batch.texts:
             raise CcexpError(f"{self.path}: no non-empty documents in field {self.response_field or self.text_field!r}"
                              + ("; every response is empty" if self.response_field else ""))
@@ -330,6 +348,58 @@ def _iter_hf_disk(path: Path, columns: list[str], split: str, optional: list[str
     for table in ds.select_columns(present).with_format("arrow").iter(batch_size=8192):
         yield from _rows(table, present, row)
         row += table.num_rows
+
+
+class _FieldCensus:
+    """What the records carry, for the label checks: per configured label field, the records that lack it
+    (or leave it empty); over the first :attr:`SAMPLE` records, each field's short string values, for a
+    hint when a field looks like a label nobody asked for."""
+
+    SAMPLE = 2000
+
+    def __init__(self, label_fields: list[str]):
+        self.missing = dict.fromkeys(label_fields, 0)
+        self.records = 0
+        self.seen: dict[str, int] = {}
+        self.values: dict[str, set] = {}
+
+    def add(self, rec: dict) -> None:
+        self.records += 1
+        for name in self.missing:
+            if rec.get(name) in (None, ""):
+                self.missing[name] += 1
+        if self.records <= self.SAMPLE:
+            for key, value in rec.items():
+                self.seen[key] = self.seen.get(key, 0) + 1
+                if isinstance(value, str) and len(value) <= 80 and len(self.values.setdefault(key, set())) <= 64:
+                    self.values[key].add(value)
+
+    def check(self, path, warn: bool = True) -> None:
+        """A configured label field that no record has is an error naming the fields that exist; one
+        that most records lack is a warning (they count as ``(none)``).
+
+        Raises:
+            CcexpError: for a label field absent from (or empty in) every record.
+        """
+        import difflib
+
+        for name, missing in self.missing.items():
+            if self.records and missing == self.records:
+                close = difflib.get_close_matches(name, list(self.seen), n=1)
+                raise CcexpError(f"data.label_fields: no record of {path} has a field {name!r}"
+                                 + (f"; did you mean {close[0]!r}?" if close else "")
+                                 + f" (fields: {sorted(self.seen)})")
+            if warn and missing > self.records / 2:
+                log.warning("corpus: label field %r is missing or empty in %s of %s records; they count as the value "
+                            "'(none)'", name, f"{missing:,}", f"{self.records:,}")
+
+    def hint(self, skip: set) -> list[list]:
+        """[field, values, examples] for each field that looks like a label (a string with 2 to 64 values in
+        nearly every sampled record) but was not asked for."""
+        n = min(self.records, self.SAMPLE)
+        return [[key, len(vals), sorted(vals)[:3]] for key, vals in sorted(self.values.items())
+                if key not in skip and 2 <= len(vals) <= 64 and self.seen.get(key, 0) >= 0.9 * n
+                and len(vals) <= max(2, n // 5)]
 
 
 def _label_value(value) -> str:

@@ -59,6 +59,7 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
     content, documents, held_total, shards = hashlib.sha256(), 0, 0, 0
     hashes = []  # uint64 id hashes of every document, to find ids that repeat (8 bytes per document)
     labels = hashlib.sha256()  # the label values, in order: what the stages' reports read
+    values: dict[str, set] = {name: set() for name in label_fields}  # distinct values per label (for the log)
     t0 = last = time.perf_counter()
     for batch in batches:
         hashes.append(id_hash64(batch.ids, HELDOUT_SALT))
@@ -73,12 +74,15 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
         columns.update({f"label.{name}": batch.labels[name] for name in label_fields})
         for name in label_fields:
             labels.update(json.dumps([name, batch.labels[name]], ensure_ascii=False).encode())
+            if len(values[name]) <= 100_000:
+                values[name].update(batch.labels[name])
         pq.write_table(pa.table(columns), out_dir / _SHARD.format(shards), row_group_size=ROW_GROUP)
         shards, documents, held_total = shards + 1, documents + len(batch.texts), held_total + int(heldout.sum())
         if (now := time.perf_counter()) - last >= 10.0:
             last = now
             log.info("corpus: %s documents in %d shards, %.0f docs/s", f"{documents:,}", shards, documents / (now - t0))
-    figures = {"label_fields": list(label_fields), "labels": labels.hexdigest()[:16] if label_fields else None}
+    figures = {"label_fields": list(label_fields), "labels": labels.hexdigest()[:16] if label_fields else None,
+               "label_values": {name: len(v) for name, v in values.items()}}
     files = [out_dir / _SHARD.format(i) for i in range(shards)]
     repeats = _split_repeated_ids(files, np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
                                   heldout_fraction)

@@ -38,6 +38,10 @@ def done_marker(work_dir: Path, i: int) -> Path:
     return work_dir / f"shard-{i:06d}.done"
 
 
+HEARTBEAT_S = 30  # seconds between progress lines within a shard
+PIECE = 256  # documents per encode call within a shard (the unit of those lines)
+
+
 def embed_shards(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: list[str], work_dir: Path, *,
                  shard_size: int, rank: int = 0, world_size: int = 1, progress: bool = True) -> dict:
     """Embed this rank's unfinished shards of ``texts`` into ``work_dir``.
@@ -64,10 +68,23 @@ def embed_shards(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: l
     docs_todo = sum(min(shard_size, len(texts) - i * shard_size) for i in todo)
     if skipped:
         log.info("embed: resuming, %d of %d shards already done", len(skipped), len(mine))
-    t0, docs_done = time.perf_counter(), 0
+    if progress and todo:
+        log.info("embed: %s documents in %d shard(s) of up to %s; a line every shard and every %d s within one",
+                 f"{docs_todo:,}", len(todo), f"{shard_size:,}", HEARTBEAT_S)
+    t0, docs_done, last = time.perf_counter(), 0, time.perf_counter()
     for n, i in enumerate(todo, start=1):
         start = i * shard_size
-        emb, long = encode(texts[start:start + shard_size])
+        parts, long = [], 0
+        for lo in range(start, min(start + shard_size, len(texts)), PIECE):  # pieces: a sign of life per minute
+            emb_part, long_part = encode(texts[lo:min(lo + PIECE, start + shard_size)])
+            parts.append(emb_part)
+            long += long_part
+            now = time.perf_counter()
+            if progress and now - last >= HEARTBEAT_S:
+                last, done = now, docs_done + sum(p.shape[0] for p in parts)
+                log.info("embed: shard %d/%d, %s of %s documents, %.0f docs/s", n, len(todo), f"{done:,}",
+                         f"{docs_todo:,}", done / (now - t0))
+        emb = np.concatenate(parts)
         bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
         if bad.size:
             raise CcexpError(f"embedding of document {start + bad[0]} is not finite; check that document or the "
@@ -78,6 +95,7 @@ def embed_shards(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: l
         done_marker(work_dir, i).write_text(json.dumps({"rows": int(emb.shape[0]), "long_documents": int(long)}))
         docs_done += emb.shape[0]
         if progress:
+            last = time.perf_counter()
             rate = docs_done / max(time.perf_counter() - t0, 1e-9)
             log.info("embed: shard %d/%d%s, %s of %s documents, %.0f docs/s, ETA %.0f s", n, len(todo),
                      f" (rank {rank})" if world_size > 1 else "", f"{docs_done:,}", f"{docs_todo:,}", rate,

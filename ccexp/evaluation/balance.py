@@ -72,7 +72,7 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
     counts = [repetition_hist[r] for r in reps]
     a1.bar(reps, counts)
     a1.set_yscale("log")
-    a1.set_ylim(bottom=0.8)  # every bar starts below 1, so heights compare on the log scale
+    a1.set_ylim(0.8, max(counts, default=1) * 4)  # bars start below 1; room above the tallest for its count
     for r, n in zip(reps, counts):
         a1.annotate(f"{n:,}", (r, n), ha="center", va="bottom", fontsize=8)
     a1.set(xlabel="times a document was drawn", ylabel="documents (log scale)", title="repetition")
@@ -82,6 +82,7 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
     a2.set(xscale="log", xlabel="cluster size (training documents, log scale)", ylabel="documents drawn",
            title="exposure per cluster", ylim=(0, max(1, int(exposure[nz].max(initial=0))) * 1.05))  # from 0
     a2.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _plain_log_ticks(a2.xaxis)
     fig.suptitle(name)
     paths.append(_save(fig, out_dir / "repetition.png"))
 
@@ -240,6 +241,19 @@ def write_document_table(path: Path, per_document: dict[str, np.ndarray]) -> Pat
                         per_document["tokens"].tolist(), per_document["bytes"].tolist(),
                         (f"{x:.6f}" for x in per_document["nll"])))
     return path
+
+
+def _plain_log_ticks(axis) -> None:
+    """Few plain-number ticks on a log axis (``200``, ``1,000``, not ``2x10^2``) — 1-2-5 steps over a
+    narrow range, whole decades over a wide one — and no minor tick labels, so labels never run into
+    each other however narrow or wide the range."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    low, high = sorted(axis.get_view_interval())
+    decades = np.log10(max(high, 1e-12) / max(low, 1e-12))
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, result,

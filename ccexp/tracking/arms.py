@@ -62,8 +62,9 @@ def _setup_key(cfg: DictConfig) -> str:
 def find_duplicates(config: DictConfig, jobs: list[list[str]]) -> list[dict]:
     """The jobs whose token stream equals an earlier job's (see the module docstring): for each, its
     number, overrides, sampler and seed and the job it repeats. Stages the plans need are computed (or
-    reused) here, before any training. A job that cannot be planned ends the check with one warning (a
-    bad input is the job's to report, in its one line)."""
+    reused) here, before any training. A job that cannot run (a budget its sampler cannot supply, a bad
+    setting) is named in a warning now, before any other job trains; after three such jobs the check
+    stops (a problem the jobs share: each says it in its own line)."""
     from hydra import compose
     from hydra.errors import HydraException
     from hydra.utils import get_method
@@ -76,7 +77,7 @@ def find_duplicates(config: DictConfig, jobs: list[list[str]]) -> list[dict]:
     names: dict[int, str] = {}
     common = set.intersection(*(set(j) for j in jobs)) if jobs else set()
     label = [" ".join(o for o in j if o not in common) or " ".join(j) for j in jobs]  # what sets each job apart
-    out = []
+    out, failures = [], 0
     for num, overrides in enumerate(jobs):
         try:
             cfg = compose(config_name="config", overrides=overrides)
@@ -84,9 +85,13 @@ def find_duplicates(config: DictConfig, jobs: list[list[str]]) -> list[dict]:
                 continue
             digest = stream_plan(cfg).digest
         except (CcexpError, HydraException, OmegaConfBaseException) as e:  # the job itself will say it in one line
-            log.warning("sweep: job #%d (%s) could not be planned (%s), so the jobs from it on are not checked for "
-                        "identical streams", num, label[num], e if isinstance(e, CcexpError) else one_line(e))
-            break
+            failures += 1
+            log.warning("sweep: job #%d (%s) cannot run: %s", num, label[num],
+                        e if isinstance(e, CcexpError) else one_line(e))
+            if failures == 3:  # most likely a problem all jobs share: each job will say it in its own line
+                log.warning("sweep: the jobs after #%d are not planned", num)
+                break
+            continue
         names[num] = cfg.sampler.name
         key = (_setup_key(cfg), digest)
         if key in seen:

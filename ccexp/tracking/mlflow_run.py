@@ -272,8 +272,17 @@ class RunRecord:
     def log_stages(self, results: dict, cluster_report: tuple[dict[str, float], list[Path]], step: int,
                    curation_report: list[Path] | None = None) -> None:
         """The cached stages' times (``time/<stage>_seconds``), reuse (``cache/<stage>_reused``) and
-        fingerprints (a tag), the cluster report (``cluster/*`` metrics, ``clusters/`` files) and the
-        dedup stage's (``dedup/removed``, ``dedup/removed_fraction``, ``dedup/`` files)."""
+        fingerprints (a tag), the cluster report (``cluster/*`` metrics, ``clusters/`` files, also copied
+        into the run folder's ``clusters/``) and the dedup stage's (``dedup/removed``,
+        ``dedup/removed_fraction``, ``dedup/`` files)."""
+        if self.run_dir is not None and cluster_report[1]:
+            import shutil
+
+            (self.run_dir / "clusters").mkdir(parents=True, exist_ok=True)
+            for path in cluster_report[1]:
+                (shutil.copytree if path.is_dir() else shutil.copy2)(path, self.run_dir / "clusters" / path.name)
+            log.info("cluster: the cluster report (sizes, nearest documents, label agreement) is in %s",
+                     self.run_dir / "clusters")
         if self.logger is None:
             return
         metrics = {f"time/{name}_seconds": r.seconds for name, r in results.items()}

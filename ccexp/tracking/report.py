@@ -439,6 +439,20 @@ def _plot(path: Path, comparison: "Comparison", metrics: list[str]) -> None:
     plt.close(fig)
 
 
+def store_uri(store: str, tracking_uri: str | None = None) -> str:
+    """The MLflow tracking URI of ``--tracking-uri``, else of the SQLite store file ``--store``.
+
+    Raises:
+        CcexpError: when there is no such store file.
+    """
+    if tracking_uri:
+        return tracking_uri
+    path = Path(store).expanduser()
+    if not path.is_file():
+        raise CcexpError(f"no MLflow store at {path}; run ccexp first or pass --store / --tracking-uri")
+    return f"sqlite:///{path.resolve()}"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m ccexp.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -459,14 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from mlflow import MlflowClient
 
-        if args.tracking_uri:
-            uri = args.tracking_uri
-        else:
-            store = Path(args.store).expanduser()
-            if not store.is_file():
-                raise CcexpError(f"no MLflow store at {store}; run ccexp first or pass --store / --tracking-uri")
-            uri = f"sqlite:///{store.resolve()}"
-        client = MlflowClient(uri)
+        client = MlflowClient(store_uri(args.store, args.tracking_uri))
         parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
         out = Path(args.out or Path("outputs") / "reports" / (parent or args.experiment))
         files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,

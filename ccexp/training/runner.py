@@ -67,6 +67,38 @@ def sampler_over(cfg: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths
     return sampler
 
 
+def settle_budget(cfg: DictConfig, tokenized: TokenizedCorpus, train: np.ndarray) -> None:
+    """Once the corpus is tokenized, before any embedding: ``train.passes`` (the budget in passes over the
+    training tokens) becomes ``train.steps``, and a budget the data cannot supply is refused — the
+    configured sampler is built over the training documents as one cluster, so its own supply check
+    (ClusterClip's and UniMax's ``M · sum of tokens``; a clip does not depend on the clusters) fires now,
+    not after the embedding; the exact check with the clusters still comes with the run's sampler.
+
+    Args:
+        train: bool[N], the training documents.
+
+    Raises:
+        CcexpError: when the budget is more than the sampler can supply.
+    """
+    from omegaconf import open_dict
+
+    docs = np.flatnonzero(train)
+    lengths = tokenized.lengths(docs)
+    if cfg.train.passes is not None:
+        total = int(stream_lengths(lengths, cfg.train.max_doc_tokens).sum())
+        steps = max(1, int(np.ceil(float(cfg.train.passes) * total / int(cfg.train.tokens_per_step))))
+        capped = cfg.train.max_steps is not None and steps > int(cfg.train.max_steps)
+        steps = int(cfg.train.max_steps) if capped else steps
+        with open_dict(cfg):
+            cfg.train.steps = steps
+        log.info("train: train.passes=%g over the %s tokens of %s training documents is %s steps of %s tokens%s",
+                 float(cfg.train.passes), f"{total:,}", f"{docs.size:,}", f"{steps:,}", f"{cfg.train.tokens_per_step:,}",
+                 f" (capped by train.max_steps: {steps * int(cfg.train.tokens_per_step) / total:.2f} passes)"
+                 if capped else "")
+    options = {"reference_losses": np.zeros(1)} if "reference_losses" in cfg.sampler else {}
+    sampler_over(cfg, np.zeros(docs.size, dtype=np.int32), np.array([docs.size], dtype=np.int64), lengths, **options)
+
+
 def build_token_stream(cfg: DictConfig, sampler: Sampler, split: TrainSplit, tokenized: TokenizedCorpus) -> TokenStream:
     """The global token stream of ``sampler``'s documents; logs the run's token budget."""
     t = cfg.train

@@ -1,0 +1,126 @@
+"""``python -m ccexp --help``: what ccexp answers, how to call it, its config groups and every setting with
+its value and the description its schema (:mod:`ccexp.config`) gives it. ``--help`` after overrides shows
+the settings of that composition (``python -m ccexp sampler=clusterclip --help`` lists the clip threshold).
+Everything here reads the shipped config files and the schemas' source; nothing imports torch."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import io
+import re
+import textwrap
+import tokenize
+import typing
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from ccexp import config as schemas
+from ccexp.conf import CONFIG_DIR
+
+_COLUMN, _WIDTH = 45, 118  # where descriptions start; the line width
+_PRAGMA = re.compile(r"^(type:\s*ignore(\[[^\]]*\])?|noqa(:\s*\S+)?)\s*(#\s*)?")
+
+
+@functools.lru_cache(maxsize=None)
+def field_notes(schema: type) -> dict[str, str]:
+    """Each field of the dataclass ``schema`` (and of its bases) mapped to its description: the comment
+    on the field's line, else the comment lines directly above it; pragmas (``type: ignore``, ``noqa``)
+    are dropped. A field without a comment is absent."""
+    notes: dict[str, str] = {}
+    for cls in reversed([c for c in schema.__mro__ if dataclasses.is_dataclass(c)]):
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        above: list[str] = []
+        pending: str | None = None  # the field of the current line, waiting for its trailing comment
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                text = _PRAGMA.sub("", tok.string.lstrip("#").strip()).strip()
+                if pending is not None:
+                    if text:
+                        notes[pending] = text
+                    pending = None
+                elif text:
+                    above.append(text)
+            elif tok.type == tokenize.NAME and tok.start[1] == 4 and pending is None and tok.string.isidentifier():
+                line = tok.line.strip()
+                if re.match(rf"{tok.string}\s*:", line):
+                    pending = tok.string
+                    if above:
+                        notes[tok.string] = " ".join(above)
+                    above = []
+            elif tok.type == tokenize.NEWLINE:
+                pending = None
+            elif tok.type == tokenize.NL and tok.line.strip() == "":
+                above = []
+    return notes
+
+
+def _schema_of(key: str, node: DictConfig, parent: type | None) -> type | None:
+    if parent is schemas.RootConfig and key in {g for g, _, _ in schemas.GROUP_SCHEMAS}:
+        return schemas.schema_for(key, node.get("_target_"))
+    if parent is None:
+        return None
+    hint = typing.get_type_hints(parent).get(key)
+    return next((t for t in (hint, *typing.get_args(hint)) if isinstance(t, type) and dataclasses.is_dataclass(t)),
+                None)
+
+
+def _value(node: DictConfig, key: str) -> str:
+    child = node._get_node(key)
+    if child._is_interpolation():
+        return str(child._value())
+    value = OmegaConf.to_container(child) if isinstance(child, (DictConfig, ListConfig)) else child._value()
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def _settings(node: DictConfig, schema: type | None, prefix: str, lines: list[str]) -> None:
+    notes = field_notes(schema) if schema is not None else {}
+    for key in node.keys():
+        if str(key).startswith("_"):
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_interpolation():
+            _settings(child, _schema_of(str(key), child, schema), f"{prefix}{key}.", lines)
+            continue
+        setting = f"  {prefix}{key}={_value(node, str(key))}"
+        note = notes.get(str(key))
+        if not note:
+            lines.append(setting)
+            continue
+        wrapped = textwrap.wrap(note, width=_WIDTH - _COLUMN)
+        lines.append(f"{setting:<{_COLUMN - 1}} {wrapped[0]}" if len(setting) < _COLUMN - 1 else
+                     f"{setting}\n{'':<{_COLUMN}}{wrapped[0]}")
+        lines += [f"{'':<{_COLUMN}}{more}" for more in wrapped[1:]]
+
+
+def groups() -> dict[str, list[str]]:
+    """Each config group (a folder of ``ccexp/conf``) and its options (the YAML files in it)."""
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(Path(CONFIG_DIR).iterdir())
+            if d.is_dir() and d.name != "hydra" and any(d.glob("*.yaml"))}
+
+
+def help_text(overrides: list[str]) -> str:
+    """The ``--help`` page for the configuration ``overrides`` compose.
+
+    Raises:
+        hydra.errors.HydraException, omegaconf.errors.OmegaConfBaseException: for a bad override.
+    """
+    shipped = OmegaConf.load(Path(CONFIG_DIR) / "config.yaml").hydra.help
+    cfg = schemas.compose(overrides)
+    lines = [shipped.header, "", "== Config groups (group=option) =="]
+    lines += [f"  {group}: {', '.join(options)}" for group, options in groups().items()]
+    lines += ["", "== Settings (key=value; " + ("with " + " ".join(overrides) if overrides else "the defaults")
+              + "), and what each does =="]
+    _settings(cfg, schemas.RootConfig, "", lines)
+    lines += ["", shipped.footer]
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""``python -m ccexp.ui``: the MLflow UI on ccexp's store, opened at the view that compares a sweep.
+
+The MLflow UI's root page opens in its GenAI mode and its runs table shows no metric until columns are
+picked. This command starts ``mlflow server`` on the store (``outputs/mlflow.db`` by default) and prints
+one address: the runs of the latest sweep (or ``--parent``), grouped by sampler with each group's mean on
+its own row, the headline held-out metrics as the columns (overall, macro, worst-cluster, rarest and
+commonest quintile perplexity, bits per byte) and the runs sorted by macro perplexity. The view is an
+MLflow *shared view* (an experiment tag ``mlflow.sharedViewState.<key>``, the same thing the UI's own
+"share" writes), so the address keeps working for anyone who opens that store's UI.
+
+Usage:
+    python -m ccexp.ui                                   # outputs/mlflow.db on http://127.0.0.1:5000
+    python -m ccexp.ui --store runs/mlflow.db --port 5001 --parent <sweep run id>
+    python -m ccexp.ui --no-server                       # write the view, print its address (a UI runs already)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from ccexp.errors import CcexpError
+
+SHARED_VIEW = "mlflow.sharedViewState."  # the MLflow UI's tag prefix for a shared view
+
+
+def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -> tuple[str, str, list[str]]:
+    """Write the shared view that compares a sweep's runs: ``(experiment id, share key, metric columns)``.
+
+    Args:
+        client: an ``mlflow.MlflowClient`` on the store.
+        experiment: the MLflow experiment's name.
+        parent: the sweep's parent run id; None: the latest sweep of ``experiment``, or every run of the
+            experiment when it has no sweep.
+
+    Raises:
+        CcexpError: when the experiment does not exist or holds no run.
+    """
+    from ccexp.tracking.report import HEADLINE, latest_sweep
+    from ccexp.tracking.verdict import PRIMARY
+
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise CcexpError(f"no MLflow experiment {experiment!r} in this store; pass --experiment (the store has "
+                         f"{', '.join(names) or 'none'})")
+    if parent is None:
+        try:
+            parent = latest_sweep(client, experiment)
+        except CcexpError:
+            parent = None  # no sweep: compare every run of the experiment
+    where = f"tags.`mlflow.parentRunId` = '{parent}'" if parent else ""
+    runs = client.search_runs([exp.experiment_id], where, max_results=500)
+    if not runs:
+        raise CcexpError(f"no runs in experiment {experiment!r}" + (f" under sweep {parent}" if parent else "")
+                         + "; run ccexp first")
+    logged = set().union(*(r.data.metrics for r in runs))
+    metrics = [m for m in HEADLINE if m in logged]
+    params = [p for p in ("sampler.name", "seed") if any(p in r.data.params for r in runs)]
+    state = {
+        "searchFilter": where, "orderByKey": f"metrics.`{PRIMARY}`" if PRIMARY in logged else "attributes.start_time",
+        "orderByAsc": PRIMARY in logged, "startTime": "ALL", "lifecycleFilter": "Active", "datasetsFilter": [],
+        "modelVersionFilter": "All Runs",
+        "selectedColumns": [f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in params],
+        "runsPinned": [], "runsHidden": [], "runsExpanded": {}, "runListHidden": False,
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "param", "groupByData": "sampler.name"}]}
+        if "sampler.name" in params else None,
+    }
+    key = f"ccexp-{(parent or 'all')[:12]}"
+    client.set_experiment_tag(exp.experiment_id, SHARED_VIEW + key, json.dumps(state))
+    return exp.experiment_id, key, metrics
+
+
+def view_address(host: str, port: int, experiment_id: str, key: str) -> str:
+    """The UI address of the shared view ``key`` (in the UI's model-training mode, not GenAI)."""
+    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
+
+
+def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.Popen:
+    """Start ``mlflow server`` on the tracking URI ``uri`` and wait until it answers ``/health``.
+
+    Raises:
+        CcexpError: when it exits or does not answer within ``wait_s`` seconds (for example a port in use).
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host,
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = [ln for ln in (proc.stderr.read() or "").splitlines() if ln.strip()][-1:]
+            raise CcexpError(f"mlflow server on {host}:{port} exited with status {proc.returncode}"
+                             + (f": {tail[0].strip()}" if tail else "") + "; is the port in use? pass --port")
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.terminate()
+    raise CcexpError(f"mlflow server on {host}:{port} did not answer within {wait_s:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m ccexp.ui", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", default="outputs/mlflow.db", help="SQLite MLflow store (default outputs/mlflow.db)")
+    ap.add_argument("--tracking-uri", default=None, help="any MLflow tracking URI (overrides --store)")
+    ap.add_argument("--experiment", default="ccexp", help="the MLflow experiment (default ccexp)")
+    ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=5000)
+    ap.add_argument("--no-server", action="store_true", help="only write the view and print its address")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped ccexp.ui stops its server too (finally)
+    proc = None
+    try:
+        from mlflow import MlflowClient
+
+        from ccexp.tracking.report import store_uri
+
+        uri = store_uri(args.store, args.tracking_uri)
+        experiment_id, key, metrics = compare_view(MlflowClient(uri), args.experiment, args.parent)
+        if not args.no_server:
+            proc = serve(uri, args.host, args.port)
+        print(f"ccexp.ui: the sweep's runs by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",
+              flush=True)
+        print(view_address(args.host, args.port, experiment_id, key), flush=True)
+        if proc is not None:
+            print("ccexp.ui: MLflow UI running; Ctrl-C stops it", flush=True)
+            proc.wait()
+    except CcexpError as e:
+        print(f"ccexp.ui: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

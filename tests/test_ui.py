@@ -1,0 +1,91 @@
+"""python -m ccexp.ui: the MLflow UI opened at the view that compares the latest sweep (a real SQLite store)."""
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+
+import pytest
+
+
+def sweep_store(tmp_path, samplers=("random", "uniform"), seeds=(0, 1)):
+    """A store with one older sweep and a newer one, each with a run per sampler and seed."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("ccexp", artifact_location=str(tmp_path / "mlartifacts"))
+    parents = []
+    for sweep in range(2):
+        parent = client.create_run(exp, run_name=f"sweep-{sweep}", tags={"ccexp.sweep": "true"}).info.run_id
+        for sampler in samplers:
+            for seed in seeds:
+                run = client.create_run(exp, run_name=f"{sampler}-s{seed}", tags={"mlflow.parentRunId": parent})
+                client.log_param(run.info.run_id, "sampler.name", sampler)
+                client.log_param(run.info.run_id, "seed", seed)
+                for metric in ("eval/ppl", "eval/ppl_macro", "eval/bpb"):
+                    client.log_metric(run.info.run_id, metric, 100.0 + seed + sweep)
+                client.set_terminated(run.info.run_id)
+        parents.append(parent)
+    return client, exp, parents
+
+
+def test_the_view_compares_the_latest_sweeps_runs_by_sampler_on_the_headline_metrics(tmp_path):
+    from ccexp.ui import SHARED_VIEW, compare_view
+
+    client, exp, (older, latest) = sweep_store(tmp_path)
+    experiment_id, key, metrics = compare_view(client)
+    assert experiment_id == exp and metrics == ["eval/ppl", "eval/ppl_macro", "eval/bpb"]
+    state = json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])
+    assert state["searchFilter"] == f"tags.`mlflow.parentRunId` = '{latest}'"
+    assert state["selectedColumns"][:3] == ["metrics.`eval/ppl`", "metrics.`eval/ppl_macro`", "metrics.`eval/bpb`"]
+    assert state["orderByKey"] == "metrics.`eval/ppl_macro`" and state["orderByAsc"] is True
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "sampler.name"}]
+    # the filter selects exactly the latest sweep's runs
+    runs = client.search_runs([exp], state["searchFilter"])
+    assert len(runs) == 4 and {r.data.tags["mlflow.parentRunId"] for r in runs} == {latest}
+    _, older_key, _ = compare_view(client, parent=older)
+    assert older in json.loads(client.get_experiment(exp).tags[SHARED_VIEW + older_key])["searchFilter"]
+
+
+def test_ui_without_a_store_or_experiment_is_one_line(tmp_path, capsys):
+    from ccexp.ui import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--store", str(tmp_path / "none.db"), "--no-server"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == f"ccexp.ui: error: no MLflow store at {tmp_path / 'none.db'}; run ccexp first or pass --store / --tracking-uri"
+    sweep_store(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["--store", str(tmp_path / "mlflow.db"), "--experiment", "nope", "--no-server"])
+    assert "no MLflow experiment 'nope' in this store; pass --experiment (the store has Default, ccexp)" in capsys.readouterr().err
+
+
+def test_no_server_prints_the_address_of_the_view(tmp_path, capsys):
+    from ccexp.ui import main
+
+    _, exp, _ = sweep_store(tmp_path)
+    main(["--store", str(tmp_path / "mlflow.db"), "--no-server", "--port", "5123"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(f"http://127.0.0.1:5123/#/experiments/{exp}/runs?viewStateShareKey=ccexp-")
+    assert out[1].endswith("&workflowType=machine_learning")
+
+
+@pytest.mark.slow
+def test_the_served_ui_holds_the_view_it_prints(tmp_path):
+    from ccexp.ui import SHARED_VIEW, compare_view, serve
+
+    client, exp, _ = sweep_store(tmp_path)
+    _, key, _ = compare_view(client)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = serve(f"sqlite:///{tmp_path / 'mlflow.db'}", "127.0.0.1", port)
+    try:
+        url = f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/get?experiment_id={exp}"
+        tags = {t["key"]: t["value"] for t in json.load(urllib.request.urlopen(url, timeout=30))["experiment"]["tags"]}
+        assert json.loads(tags[SHARED_VIEW + key])["groupBy"]["groupByKeys"][0]["groupByData"] == "sampler.name"
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30).read().decode()
+        assert "<html" in page.lower()  # the UI itself is served
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
