@@ -53,8 +53,8 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
             parent = latest_sweep(client, experiment)
         except CcexpError:
             parent = None  # no sweep: compare every run of the experiment
-    where = f"tags.`mlflow.parentRunId` = '{parent}'" if parent else ""
-    runs = client.search_runs([exp.experiment_id], where, max_results=500)
+    where = (f"tags.`mlflow.parentRunId` = '{parent}' and " if parent else "") + "attributes.status = 'FINISHED'"
+    runs = client.search_runs([exp.experiment_id], where, max_results=500)  # (a killed job's run: left out)
     if not runs:
         raise CcexpError(f"no runs in experiment {experiment!r}" + (f" under sweep {parent}" if parent else "")
                          + "; run ccexp first")

@@ -20,7 +20,7 @@ Steps (each skips what its sweep folder already finished, so an interrupted stud
 5. ``report``: the comparison report of the main sweep (verdict first), the curves, and ``study.json``.
 
 Usage:
-    python scripts/decisive_study.py                       # every step (about 3 hours on a 2-core CPU)
+    python scripts/decisive_study.py                       # every step (about 4 hours on a 2-core CPU)
     python scripts/decisive_study.py --steps report        # redo the study files from the MLflow store
     python scripts/decisive_study.py --seeds 12 --jobs 2   # the main sweep's seeds; parallel processes
 """

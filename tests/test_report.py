@@ -27,6 +27,19 @@ def test_one_seed_gets_no_interval_and_says_so():
     assert math.isnan(c.paired["eval/ppl"]["uniform"]["half"]) and not c.paired["eval/ppl"]["uniform"]["significant"]
 
 
+def test_report_html_claims_no_interval_for_one_seed_and_leads_with_the_verdict():
+    import re
+
+    one = comparison([run("random", 0, {"eval/ppl": 10.0}), run("uniform", 0, {"eval/ppl": 9.0})]).html()
+    text = re.sub(r"<[^>]+>", "", one)
+    table = text.split("Every metric")[1].split("Paired")[0]
+    assert "means only, no confidence interval" in table and "±" not in table and "9 (1 seed)" in table
+    assert text.index("unresolved") < text.index("Every metric")  # the verdict comes first
+    two = comparison([run(s, k, {"eval/ppl": 10.0 + k + (s == "uniform") * 0.5}) for s in ("random", "uniform")
+                      for k in range(2)]).html()
+    assert "10.5 ± 6.4 (n=2)" in re.sub(r"<[^>]+>", "", two)  # with two seeds, the interval
+
+
 def test_paired_differences_pair_runs_by_seed():
     runs = [run("random", s, {"eval/ppl": 10.0 + s}) for s in range(3)]
     runs += [run("uniform", s, {"eval/ppl": 9.0 + s + 0.01 * s}) for s in range(3)]

@@ -25,6 +25,8 @@ def sweep_store(tmp_path, samplers=("random", "uniform"), seeds=(0, 1)):
                 for metric in ("eval/ppl", "eval/ppl_macro", "eval/bpb"):
                     client.log_metric(run.info.run_id, metric, 100.0 + seed + sweep)
                 client.set_terminated(run.info.run_id)
+        killed = client.create_run(exp, run_name="random-s9", tags={"mlflow.parentRunId": parent})  # left RUNNING
+        client.log_param(killed.info.run_id, "sampler.name", "random")
         parents.append(parent)
     return client, exp, parents
 
@@ -36,7 +38,7 @@ def test_the_view_compares_the_latest_sweeps_runs_by_sampler_on_the_headline_met
     experiment_id, key, metrics = compare_view(client)
     assert experiment_id == exp and metrics == ["eval/ppl", "eval/ppl_macro", "eval/bpb"]
     state = json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])
-    assert state["searchFilter"] == f"tags.`mlflow.parentRunId` = '{latest}'"
+    assert state["searchFilter"] == f"tags.`mlflow.parentRunId` = '{latest}' and attributes.status = 'FINISHED'"
     assert state["selectedColumns"][:3] == ["metrics.`eval/ppl`", "metrics.`eval/ppl_macro`", "metrics.`eval/bpb`"]
     assert state["orderByKey"] == "metrics.`eval/ppl_macro`" and state["orderByAsc"] is True
     assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "sampler.name"}]

@@ -44,7 +44,10 @@ class HierarchicalKMeans:
         sample_size: points per cluster in a resampling step, per level (or one value).
         sampling: ``closest`` (highest cosine similarity to the centroid; the paper's default) or ``random``.
         max_points_per_centroid: level 1 trains on a seeded sample of ``levels[0] ·`` this many documents.
-        spherical, assign_batch, device, verbose: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
+        spherical: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
+        assign_batch: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
+        device: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
+        verbose: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
 
     Raises:
         CcexpError: for levels that do not decrease, a level larger than its input, or bad options.

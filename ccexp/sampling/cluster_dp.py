@@ -36,8 +36,12 @@ class ClusterDPSampler(Sampler):
     """CluSTER allocation; see the module docstring.
 
     Args:
-        labels, sizes, block_size, seed, document_tokens, token_budget: see
-            :class:`ccexp.sampling.base.Sampler` (``block_size`` is per lane, i.e. per cluster).
+        labels: see :class:`ccexp.sampling.base.Sampler`.
+        sizes: see :class:`ccexp.sampling.base.Sampler`.
+        seed: see :class:`ccexp.sampling.base.Sampler`.
+        document_tokens: see :class:`ccexp.sampling.base.Sampler`.
+        token_budget: see :class:`ccexp.sampling.base.Sampler`.
+        block_size: see :class:`ccexp.sampling.base.Sampler`; here per lane, i.e. per cluster.
         similarity: float[N] cosine similarity of each document to its centroid (needed for
             ``keep=farthest|closest``).
         ratio: fraction of the smallest cluster kept per cluster, in (0, 1].

@@ -37,8 +37,12 @@ class ClusterClipSampler(UniformSampler):
     """Uniform cluster sampling with a per-document repetition clip.
 
     Args:
-        labels, sizes, block_size, seed, document_tokens, token_budget: see
-            :class:`ccexp.sampling.base.Sampler`; with ``on_exhausted="error"`` a ``token_budget``
+        labels: see :class:`ccexp.sampling.base.Sampler`.
+        sizes: see :class:`ccexp.sampling.base.Sampler`.
+        block_size: see :class:`ccexp.sampling.base.Sampler`.
+        seed: see :class:`ccexp.sampling.base.Sampler`.
+        document_tokens: see :class:`ccexp.sampling.base.Sampler`.
+        token_budget: see :class:`ccexp.sampling.base.Sampler`; with ``on_exhausted="error"`` a budget
             above ``M · sum(document_tokens)`` is rejected here, before any training.
         clip_threshold: M >= 1, the most times a document may be drawn (between resets).
         after_clip: ``"uniform"`` or ``"proportional"`` (step 4 above).

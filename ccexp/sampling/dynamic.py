@@ -97,8 +97,12 @@ class DynamicSampler(UniformSampler):
     """Online cluster reweighting; see the module docstring.
 
     Args:
-        labels, sizes, block_size, seed, document_tokens, token_budget: see
-            :class:`ccexp.sampling.base.Sampler`.
+        labels: see :class:`ccexp.sampling.base.Sampler`.
+        sizes: see :class:`ccexp.sampling.base.Sampler`.
+        block_size: see :class:`ccexp.sampling.base.Sampler`.
+        seed: see :class:`ccexp.sampling.base.Sampler`.
+        document_tokens: see :class:`ccexp.sampling.base.Sampler`.
+        token_budget: see :class:`ccexp.sampling.base.Sampler`.
         rule: ``odm`` or ``doremi`` (the latter needs ``reference_losses``).
         update_every: steps per weight update (1, as ODM; ``ε_t`` counts steps either way).
         warmup_steps: optimizer steps sampled uniformly over clusters, without updates (the config's
@@ -110,8 +114,9 @@ class DynamicSampler(UniformSampler):
         reference_losses: DoReMi's per-cluster reference loss (float[K], a list, a .npy or a .json file),
             nats/token; ``"auto"`` is the config's default, which the run's ``reference`` stage replaces
             by an array (given to the constructor itself, it is refused: there is no reference run here).
-        clip_threshold, on_exhausted: ClusterClip's repetition clip (:class:`~ccexp.sampling.clip.RepetitionClip`;
-            None = no clip).
+        clip_threshold: ClusterClip's repetition clip M (:class:`~ccexp.sampling.clip.RepetitionClip`);
+            None = no clip.
+        on_exhausted: the clip's ``error`` or ``reset`` when every cluster is exhausted.
 
     Raises:
         CcexpError: for an unknown rule or an invalid parameter.

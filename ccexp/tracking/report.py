@@ -399,7 +399,9 @@ def curves_plot(client, groups: dict[str, list], path: Path, title: str) -> Path
                 continue
             values = np.array([[h[t] for t in steps] for h in series])
             x = np.array(steps) / 1e6
-            ax.plot(x, values.mean(axis=0), color=f"C{i}", label=f"{g} (mean of {len(series)} run(s))")
+            ax.plot(x, values.mean(axis=0), color=f"C{i}", label=f"{g} (mean of {len(series)} run(s))",
+                    ls=("-", "--", ":", "-.")[i % 4], marker=("o", "x", "+", "^", "s")[i % 5], ms=4, mfc="none")
+            # (line styles and markers: samplers whose curves coincide stay visible)
             if len(series) > 1:
                 ax.fill_between(x, values.min(axis=0), values.max(axis=0), color=f"C{i}", alpha=0.15)
         ax.set(xlabel="tokens trained (millions)", ylabel="held-out perplexity (fixed sample)", yscale="log", title=label)

@@ -156,7 +156,8 @@ def extend_command(sweep_dir: Path | None, task_overrides: list[str], seeds: lis
     have = sorted({int(s) for s in seeds if str(s).lstrip("-").isdigit()})
     new = have + [s for s in range(max(have, default=-1) + 1, max(have, default=-1) + 1 + wanted) if s not in have]
     new = new[:wanted]
-    seed = f"seed={','.join(map(str, new))}"
+    contiguous = len(new) > 10 and new == list(range(new[0], new[-1] + 1))
+    seed = f"seed=range({new[0]},{new[-1] + 1})" if contiguous else f"seed={','.join(map(str, new))}"  # Hydra's sweep range
     args = [seed if o.lstrip("+~").startswith("seed=") else o for o in task_overrides
             if not o.lstrip("+~").startswith("hydra.sweep.dir=")]  # seed keeps its place: outermost stays outermost
     args = (args if seed in args else args + [seed]) + [f"hydra.sweep.dir={sweep_dir}"]
