@@ -132,7 +132,9 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
                                for g, rs in comparison.groups.items()})
         cells = [f"{by[m, g].n} / {_seeds(by[m, g].seeds_observed)} / {_seeds(by[m, g].seeds_min_effect)} / "
                  f"{_seeds(by[m, g].seeds_half_width)}" if (m, g) in by else "—" for g in samplers]
-        md.append(f"| {metric_name(m)} | {sn['noise_rel']:.1%} | {sn['signal_rel']:.1%} | {sn['snr']:.2f} | "
+        noise, snr = ((f"{sn['noise_rel']:.1%}", f"{sn['snr']:.2f}") if math.isfinite(sn["noise_rel"])
+                      else ("n/a (2 seeds)", "n/a"))  # one seed per sampler: no spread to measure
+        md.append(f"| {metric_name(m)} | {noise} | {sn['signal_rel']:.1%} | {snr} | "
                   + " | ".join(cells) + " |")
     if command:
         md += ["", f"To add the seeds that {HEADLINE_NAMES[PRIMARY]} needs to detect {min_effect:.0%} to this same "
