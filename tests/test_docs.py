@@ -42,3 +42,54 @@ def test_every_page_in_the_site_navigation_exists():
 
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
     assert [p for p in walk(nav) if not (ROOT / "docs" / p).is_file()] == []
+
+
+def doc_commands() -> list[tuple[str, str, list[str]]]:
+    """(page, entry point, arguments) of every ``python -m ccexp`` / ``ccexp.plan`` command in the README's
+    and the docs' code blocks (continuation lines joined, comments dropped, ``$C`` as the tour defines it)."""
+    import shlex
+
+    tour = "data=jsonl data.path=/data/my_corpus.jsonl.gz data.label_fields=[domain]"
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = re.sub(r"\\\n\s*", " ", page.read_text())
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+            for line in block.splitlines():
+                m = re.match(r"(?:\.venv/bin/)?python -m (ccexp(?:\.plan)?)\s(.*)", line.strip())
+                if m:
+                    line = re.sub(r"<[a-z ]+>", "X", m.group(2).split(" #")[0])  # a placeholder: <date>, <run id>
+                    args = shlex.split(line.replace("$C", tour).replace("...", ""))
+                    found.append((page.name, m.group(1), args))
+    return found
+
+
+def test_every_ccexp_command_in_the_docs_composes_and_passes_the_key_checks():
+    """Each documented command's overrides compose (every group option and key exists) and pass the
+    schemas' key and bound checks: a renamed setting or option cannot live on in the docs."""
+    from ccexp import config, preflight
+
+    commands = doc_commands()
+    assert len(commands) >= 25
+    bad = []
+    for page, entry, args in commands:
+        overrides = []
+        skip_next = False
+        for a in args:
+            if skip_next:
+                skip_next = False
+            elif a in ("--gpu-gb", "--cfg"):
+                skip_next = True
+            elif a.startswith("-") or a == "model" and entry == "ccexp.plan" or a.split("=")[0].startswith("hydra"):
+                continue
+            else:
+                key, _, value = a.partition("=")
+                sweep = re.match(r"range\((-?\d+)", value)  # Hydra's sweep range(a,b): its first value
+                first = (sweep.group(1) if sweep else value.split(",")[0] if "," in value and not value.startswith("[")
+                         else value)
+                overrides.append(f"{key}={first}")
+        try:
+            cfg = config.compose(overrides)
+            preflight._check_keys_and_bounds(cfg, config.RootConfig, "")
+        except Exception as e:  # noqa: BLE001 (collected, then reported together)
+            bad.append(f"{page}: {entry} {' '.join(args)} -> {type(e).__name__}: {str(e)[:200]}")
+    assert bad == []
