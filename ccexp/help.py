@@ -72,7 +72,13 @@ def _schema_of(key: str, node: DictConfig, parent: type | None) -> type | None:
 def _value(node: DictConfig, key: str) -> str:
     child = node._get_node(key)
     if child._is_interpolation():
-        return str(child._value())
+        raw = str(child._value())
+        if raw.startswith("${ccexp."):  # a resolver's derivation: its value here, not its formula
+            try:
+                return f"{node[key]} (derived)"
+            except Exception:  # noqa: BLE001 (it may need a setting given at run time)
+                return raw
+        return raw
     value = OmegaConf.to_container(child) if isinstance(child, (DictConfig, ListConfig)) else child._value()
     if value is None:
         return "null"

@@ -23,7 +23,7 @@ def test_one_seed_gets_no_interval_and_says_so():
     c = comparison([run("random", 0, {"eval/ppl": 10.0}), run("uniform", 0, {"eval/ppl": 9.0})])
     md = c.markdown()
     assert c.cell("eval/ppl", "uniform") == "9 (1 seed)" and "±" not in md.split("## Every metric")[1].split("## Paired")[0]
-    assert "**unresolved** -10.0% (-1, 1 pair: no interval)" in md and "n/a (2 seeds)" in md  # no CI from one pair
+    assert "**unresolved** -10.0% (-1, 1 pair: no interval)" in md and "n/a (needs 2 seeds)" in md  # no CI from one pair
     assert math.isnan(c.paired["eval/ppl"]["uniform"]["half"]) and not c.paired["eval/ppl"]["uniform"]["significant"]
     assert "nan" not in md.lower()  # no noise from one seed: said, not printed as nan
 

@@ -477,7 +477,9 @@ def main(argv: list[str] | None = None) -> None:
 
         client = MlflowClient(store_uri(args.store, args.tracking_uri))
         parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
-        out = Path(args.out or Path("outputs") / "reports" / (parent or args.experiment))
+        # beside the store it reads (outputs/reports/ for outputs/mlflow.db), not in the working folder
+        home = Path(args.store).expanduser().parent if not args.tracking_uri else Path("outputs")
+        out = Path(args.out or home / "reports" / (parent or args.experiment))
         files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
                                          baseline=args.baseline or "random", require_baseline=args.baseline is not None,
                                          min_effect=args.min_effect, power=args.power)

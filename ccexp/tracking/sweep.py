@@ -87,6 +87,9 @@ class MlflowSweepCallback(Callback):
         from ccexp.errors import CcexpError, Refused
         from ccexp.preflight import refuse_relaunch_in_multirun
 
+        from ccexp.runtime import quiet_libraries
+
+        quiet_libraries()  # the sweep plans its jobs' streams here (FAISS's loader lines, Lightning's tips)
         try:
             refuse_relaunch_in_multirun(config)  # before any job: one line, not one failure per job
         except CcexpError as e:

@@ -88,7 +88,7 @@ def metric_name(m: str) -> str:
 
 
 def _seeds(n: int | None) -> str:
-    return "n/a (2 seeds)" if n is None else f"> {MAX_SEEDS:,}" if n > MAX_SEEDS else f"{n:,}"
+    return "n/a (needs 2 seeds)" if n is None else f"> {MAX_SEEDS:,}" if n > MAX_SEEDS else f"{n:,}"
 
 
 def _diff(r: Row) -> str:
@@ -123,7 +123,8 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
            "samplers' means (Heineman et al. 2025, \"Signal and Noise\"); both as a share of the mean. Seeds needed "
            f"(paired two-sided t-test, α = 0.05, power {power:.0%}): to resolve the difference observed, to detect a "
            f"difference of {min_effect:.0%} of {base}'s mean (`report.min_effect`), and for a confidence interval "
-           f"of ± {min_effect:.0%}.", "",
+           f"of ± {min_effect:.0%}. These are the seeds that resolve a difference in {power:.0%} of sweeps; a difference "
+           "already resolved by fewer seeds was resolved with some luck.", "",
            "| metric | noise | signal | signal / noise | " + " | ".join(
                f"{g}: seeds now / to resolve observed / to detect {min_effect:.0%} / for ± {min_effect:.0%}"
                for g in samplers) + " |", "|---|---:|---:|---:|" + "---|" * len(samplers)]
@@ -133,7 +134,7 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
         cells = [f"{by[m, g].n} / {_seeds(by[m, g].seeds_observed)} / {_seeds(by[m, g].seeds_min_effect)} / "
                  f"{_seeds(by[m, g].seeds_half_width)}" if (m, g) in by else "—" for g in samplers]
         noise, snr = ((f"{sn['noise_rel']:.1%}", f"{sn['snr']:.2f}") if math.isfinite(sn["noise_rel"])
-                      else ("n/a (2 seeds)", "n/a"))  # one seed per sampler: no spread to measure
+                      else ("n/a (needs 2 seeds)", "n/a"))  # one seed per sampler: no spread to measure
         md.append(f"| {metric_name(m)} | {noise} | {sn['signal_rel']:.1%} | {snr} | "
                   + " | ".join(cells) + " |")
     if command:
@@ -163,7 +164,17 @@ def extend_command(sweep_dir: Path | None, task_overrides: list[str], seeds: lis
     args = [seed if o.lstrip("+~").startswith("seed=") else o for o in task_overrides
             if not o.lstrip("+~").startswith("hydra.sweep.dir=")]  # seed keeps its place: outermost stays outermost
     args = (args if seed in args else args + [seed]) + [f"hydra.sweep.dir={sweep_dir}"]
-    return "python -m ccexp -m " + " ".join(shlex.quote(a) for a in args)
+    return f"{_python()} -m ccexp -m " + " ".join(shlex.quote(a) for a in args)
+
+
+def _python() -> str:
+    """The interpreter that runs ccexp, as a command can name it: ``.venv/bin/python`` under the working
+    folder, else its absolute path (a bare ``python`` may be another one, without ccexp)."""
+    import os
+    import sys
+
+    rel = os.path.relpath(sys.executable)
+    return rel if not rel.startswith("..") else sys.executable
 
 
 def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]:
