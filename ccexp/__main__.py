@@ -147,15 +147,16 @@ def with_typo_hint(message: str, argv: list[str]) -> str:
         from ccexp.config import compose
 
         GlobalHydra.instance().clear()
-        node = compose([a for a in argv if not a.startswith("-") and a.split("=", 1)[0].lstrip("+~") != key])
-    except Exception:  # the hint is a courtesy: without it the line is still Hydra's
-        return message
+        node = compose([a for a in help_overrides(argv) if a.split("=", 1)[0].lstrip("+~") != key])
+    except Exception:  # the hint is a courtesy: without it the line is still Hydra's, less its "+" advice
+        return message.replace(found.group(0), f"Could not override '{key}': not a setting of this configuration ")
     meant = []
     for part in key.split("."):  # each part as written, or the setting at that level it most likely means
         keys = list(node.keys()) if OmegaConf.is_dict(node) else []
         close = [part] if part in keys else difflib.get_close_matches(part, keys, n=1, cutoff=0.6)
-        if not close:
-            return message
+        if not close:  # ccexp's settings are closed (pre-flight refuses added keys): never advise "+"
+            return message.replace(found.group(0), f"Could not override '{key}': not a setting of this configuration "
+                                   "(python -m ccexp [group=option ...] --help lists them) ")
         meant.append(close[0])
         node = node[close[0]]
     return message.replace(found.group(0), f"Could not override '{key}': did you mean '{'.'.join(meant)}'? ")
@@ -200,7 +201,8 @@ def cli() -> None:
         if {"--help", "-h"} & set(sys.argv[1:]):  # every setting with its description, from the schemas
             from ccexp.help import help_text
 
-            print(help_text(help_overrides(sys.argv[1:])))
+            shown = help_overrides(sys.argv[1:])
+            print(help_text(shown, swept=shown != [a for a in sys.argv[1:] if not a.startswith("-")]))
             return
         main()
     except (Interrupted, KeyboardInterrupt) as e:

@@ -115,7 +115,7 @@ def groups() -> dict[str, list[str]]:
             if d.is_dir() and d.name != "hydra" and any(d.glob("*.yaml"))}
 
 
-def help_text(overrides: list[str]) -> str:
+def help_text(overrides: list[str], swept: bool = False) -> str:
     """The ``--help`` page for the configuration ``overrides`` compose.
 
     Raises:
@@ -123,10 +123,13 @@ def help_text(overrides: list[str]) -> str:
     """
     shipped = OmegaConf.load(Path(CONFIG_DIR) / "config.yaml").hydra.help
     cfg = schemas.compose(overrides)
+    from ccexp.preflight import _check_keys_and_bounds
+
+    _check_keys_and_bounds(cfg, schemas.RootConfig, "")  # an added key the run would refuse is refused here too
     lines = [shipped.header, "", "== Config groups (group=option) =="]
     lines += [f"  {group}: {', '.join(options)}" for group, options in groups().items()]
     lines += ["", "== Settings (key=value; " + ("with " + " ".join(overrides) if overrides else "the defaults")
-              + "), and what each does =="]
+              + (", a sweep list's first value" if swept else "") + "), and what each does =="]
     _settings(cfg, schemas.RootConfig, "", lines)
     lines += ["", shipped.footer]
     return "\n".join(lines)

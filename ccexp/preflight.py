@@ -44,8 +44,9 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     if not (0 < cfg.report.min_effect < 1 and 0 < cfg.report.power < 1):
         raise CcexpError(f"report.min_effect={cfg.report.min_effect} and report.power={cfg.report.power} must be in "
                          "(0, 1)")
-    if cfg.train.passes is not None and not cfg.train.passes > 0:
-        raise CcexpError(f"train.passes={cfg.train.passes} must be > 0 (passes over the training tokens), or null")
+    if cfg.train.passes is not None and not 0 < cfg.train.passes < float("inf"):
+        raise CcexpError(f"train.passes={cfg.train.passes} must be a finite number > 0 (passes over the training "
+                         "tokens), or null")
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
     if not 0.0 < cfg.data.heldout_fraction < 1.0:

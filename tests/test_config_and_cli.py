@@ -178,7 +178,9 @@ def test_a_misspelt_setting_gets_the_one_it_most_likely_meant(tmp_path):
     line = one_error_line(run_ccexp("sampler.clip_treshold=3", f"paths.outputs={tmp_path}", cwd=ROOT))
     assert "did you mean 'sampler.clip_threshold'?" in line and "+sampler" not in line
     line = one_error_line(run_ccexp("sampler=uniform", "sampler.clip_treshold=3", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "did you mean" not in line  # uniform has no clip threshold: no guess
+    assert "did you mean" not in line and "+sampler" not in line  # uniform has no clip threshold: no guess, no "+"
+    line = one_error_line(run_ccexp("-m", "sampler=random,uniform", "trian.steps=3", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "did you mean 'train.steps'?" in line  # a sweep list elsewhere on the line keeps the hint
 
 
 def test_cli_missing_corpus_path(tmp_path):
@@ -208,6 +210,7 @@ BAD_SETTINGS = [
     (["+trian.steps=3"], "trian is not a ccexp setting"),
     (["+train.foo=3"], "train.foo is not a setting of train"),
     (["+sampler.clip_treshold=3"], "sampler.clip_treshold is not a setting of sampler; did you mean sampler.clip_threshold?"),
+    (["train.passes=inf"], "train.passes=inf must be a finite number > 0"),
     (["model.n_head=3"], "divisible by model.n_head=3"),
     (["model.tokenizer.kind=bogus"], "model.tokenizer.kind='bogus' is not an option"),
     (["model=hf_causal_lm", "model.pretrained=/nonexistent/model"], "is not a model folder"),
@@ -312,6 +315,13 @@ def test_help_lists_the_real_groups_only(tmp_path):
     assert proc.returncode == 0 and "schema" not in proc.stdout
     assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in proc.stdout
     assert "ccexp: does balancing" in proc.stdout and "docs/errors.md" in proc.stdout
+
+
+def test_help_refuses_what_the_run_refuses():
+    line = one_error_line(run_ccexp("+sampler.clip_treshold=3", "--help", cwd=ROOT))
+    assert "did you mean sampler.clip_threshold?" in line
+    proc = run_ccexp("sampler=random,uniform", "--help", cwd=ROOT)
+    assert proc.returncode == 0 and "with sampler=random, a sweep list's first value" in proc.stdout
 
 
 def test_help_describes_every_setting_from_its_schema():

@@ -56,6 +56,12 @@ def test_ui_without_a_store_or_experiment_is_one_line(tmp_path, capsys):
         main(["--store", str(tmp_path / "none.db"), "--no-server"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == f"ccexp.ui: error: no MLflow store at {tmp_path / 'none.db'}; run ccexp first or pass --store / --tracking-uri"
+    for name, content in (("empty.db", b""), ("corpus.jsonl", b'{"text": "a"}\n')):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(SystemExit):
+            main(["--store", str(tmp_path / name), "--no-server"])
+        assert "is not an MLflow store (not a SQLite database)" in capsys.readouterr().err
+        assert (tmp_path / name).read_bytes() == content  # a viewer never writes into a file it was given
     sweep_store(tmp_path)
     with pytest.raises(SystemExit):
         main(["--store", str(tmp_path / "mlflow.db"), "--experiment", "nope", "--no-server"])

@@ -452,6 +452,10 @@ def store_uri(store: str, tracking_uri: str | None = None) -> str:
     path = Path(store).expanduser()
     if not path.is_file():
         raise CcexpError(f"no MLflow store at {path}; run ccexp first or pass --store / --tracking-uri")
+    with open(path, "rb") as f:  # MLflow would turn any other file (an empty one too) into a new store
+        if f.read(16) != b"SQLite format 3\x00":
+            raise CcexpError(f"{path} is not an MLflow store (not a SQLite database); pass the mlflow.db that ccexp "
+                             "wrote (<paths.outputs>/mlflow.db)")
     return f"sqlite:///{path.resolve()}"
 
 
