@@ -44,6 +44,9 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     if not (0 < cfg.report.min_effect < 1 and 0 < cfg.report.power < 1):
         raise CcexpError(f"report.min_effect={cfg.report.min_effect} and report.power={cfg.report.power} must be in "
                          "(0, 1)")
+    if cfg.train.max_steps is not None and cfg.train.passes is None:
+        raise CcexpError(f"train.max_steps={cfg.train.max_steps} caps the steps train.passes gives, and train.passes "
+                         "is not set; set train.steps instead, or give train.passes too")
     if cfg.train.passes is not None and not 0 < cfg.train.passes < float("inf"):
         raise CcexpError(f"train.passes={cfg.train.passes} must be a finite number > 0 (passes over the training "
                          "tokens), or null")

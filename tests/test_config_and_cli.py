@@ -181,6 +181,8 @@ def test_a_misspelt_setting_gets_the_one_it_most_likely_meant(tmp_path):
     assert "did you mean" not in line and "+sampler" not in line  # uniform has no clip threshold: no guess, no "+"
     line = one_error_line(run_ccexp("-m", "sampler=random,uniform", "trian.steps=3", f"paths.outputs={tmp_path}", cwd=ROOT))
     assert "did you mean 'train.steps'?" in line  # a sweep list elsewhere on the line keeps the hint
+    line = one_error_line(run_ccexp("sampler=random", "sampler.clip_threshold=3", f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert "Could not override 'sampler.clip_threshold': not a setting of this configuration" in line
 
 
 def test_cli_missing_corpus_path(tmp_path):
@@ -211,6 +213,7 @@ BAD_SETTINGS = [
     (["+train.foo=3"], "train.foo is not a setting of train"),
     (["+sampler.clip_treshold=3"], "sampler.clip_treshold is not a setting of sampler; did you mean sampler.clip_threshold?"),
     (["train.passes=inf"], "train.passes=inf must be a finite number > 0"),
+    (["train.max_steps=3"], "train.max_steps=3 caps the steps train.passes gives, and train.passes is not set"),
     (["model.n_head=3"], "divisible by model.n_head=3"),
     (["model.tokenizer.kind=bogus"], "model.tokenizer.kind='bogus' is not an option"),
     (["model=hf_causal_lm", "model.pretrained=/nonexistent/model"], "is not a model folder"),
