@@ -550,6 +550,20 @@ def schema_for(group: str, target: Any) -> type | None:
     return (exact or generic or [None])[0]
 
 
+def child_schema(schema: type, key: str, node: Any) -> type | None:
+    """The schema of ``schema``'s field ``key`` whose composed value is ``node``: for a config group of the
+    root (``sampler``, ``model``, ...) the one registered for its ``_target_`` (:func:`schema_for`), else the
+    dataclass the field is annotated with (``Optional`` unwrapped); None for a field of plain values."""
+    import dataclasses
+    import typing
+
+    if schema is RootConfig and key in {group for group, _, _ in GROUP_SCHEMAS}:
+        return schema_for(key, node.get("_target_"))
+    hint = typing.get_type_hints(schema).get(key)
+    return next((t for t in (hint, *typing.get_args(hint)) if isinstance(t, type) and dataclasses.is_dataclass(t)),
+                None)
+
+
 def compose(overrides: list[str]):
     """The shipped config (``ccexp/conf/config.yaml``) with ``overrides``, outside a running Hydra app
     (Hydra's compose API; the schemas are registered first).

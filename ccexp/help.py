@@ -11,7 +11,6 @@ import io
 import re
 import textwrap
 import tokenize
-import typing
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -59,16 +58,6 @@ def field_notes(schema: type) -> dict[str, str]:
     return notes
 
 
-def _schema_of(key: str, node: DictConfig, parent: type | None) -> type | None:
-    if parent is schemas.RootConfig and key in {g for g, _, _ in schemas.GROUP_SCHEMAS}:
-        return schemas.schema_for(key, node.get("_target_"))
-    if parent is None:
-        return None
-    hint = typing.get_type_hints(parent).get(key)
-    return next((t for t in (hint, *typing.get_args(hint)) if isinstance(t, type) and dataclasses.is_dataclass(t)),
-                None)
-
-
 def _value(node: DictConfig, key: str) -> str:
     child = node._get_node(key)
     if child._is_interpolation():
@@ -96,7 +85,8 @@ def _settings(node: DictConfig, schema: type | None, prefix: str, lines: list[st
             continue
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_interpolation():
-            _settings(child, _schema_of(str(key), child, schema), f"{prefix}{key}.", lines)
+            sub = schemas.child_schema(schema, str(key), child) if schema else None
+            _settings(child, sub, f"{prefix}{key}.", lines)
             continue
         setting = f"  {prefix}{key}={_value(node, str(key))}"
         note = notes.get(str(key))

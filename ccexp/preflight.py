@@ -27,7 +27,6 @@ log = logging.getLogger("ccexp")
 _PRECISIONS = {"64", "64-true", "32", "32-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
                "transformer-engine", "transformer-engine-float16"}
 _GROUPS_WITH_TARGETS = ("data", "embedder", "clusterer", "sampler", "model", "trainer")
-_GROUPS = {group for group, _, _ in schemas.GROUP_SCHEMAS}
 
 
 def preflight(cfg: DictConfig, multirun: bool = False) -> None:
@@ -179,9 +178,7 @@ def _walk_keys_and_bounds(node: DictConfig, schema: type, prefix: str, derived: 
                 derived.append(message)
         child = node._get_node(key)  # the node itself: an interpolation is not resolved here
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-            sub = (schemas.schema_for(key, child.get("_target_")) if not prefix and key in _GROUPS
-                   else next((t for t in (hints[key], *typing.get_args(hints[key]))
-                              if isinstance(t, type) and dataclasses.is_dataclass(t)), None))
+            sub = schemas.child_schema(schema, key, child)
             if sub is not None:
                 _walk_keys_and_bounds(child, sub, f"{prefix}{key}.", derived)
 
