@@ -163,16 +163,15 @@ def with_typo_hint(message: str, argv: list[str]) -> str:
 
 
 def help_overrides(argv: list[str]) -> list[str]:
-    """The overrides of a ``--help`` call (flags dropped; a sweep's comma list shows its first value)."""
-    out = []
-    for arg in argv:
-        if arg.startswith("-"):
-            continue
-        key, sep, value = arg.partition("=")
-        if sep and "," in value and not value.startswith(("[", "{", "'", '"')):
-            value = value.split(",", 1)[0]
-        out.append(f"{key}{sep}{value}")
-    return out
+    """The overrides of a ``--help`` call: flags dropped, each sweep (a comma list, ``range(...)``) at its
+    first value, as Hydra's override grammar reads them (:func:`ccexp.plan.expand_sweep`).
+
+    Raises:
+        hydra.errors.HydraException: for an override the grammar cannot read.
+    """
+    from ccexp.plan import expand_sweep
+
+    return expand_sweep([a for a in argv if not a.startswith("-")])[0]
 
 
 def _raise_interrupted(signum, frame) -> None:

@@ -71,6 +71,10 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     _check_eval(cfg)
     _check_model(cfg)
     _check_components(cfg)
+    _check_outputs(cfg)
+
+
+def _check_outputs(cfg: DictConfig) -> None:
     out = Path(cfg.paths.outputs).expanduser()
     if out.exists() and not out.is_dir():
         raise CcexpError(f"paths.outputs={str(out)!r} is a file; give a folder for ccexp's outputs")
@@ -89,9 +93,7 @@ def check_inputs(cfg: DictConfig) -> None:
     _check_missing(cfg)
     if cfg.data.path != "builtin":
         check_source(cfg.data.path, OmegaConf.select(cfg, "data.format", default="auto"))
-    out = Path(cfg.paths.outputs).expanduser()
-    if out.exists() and not out.is_dir():
-        raise CcexpError(f"paths.outputs={str(out)!r} is a file; give a folder for ccexp's outputs")
+    _check_outputs(cfg)
 
 
 def preflight_stream(cfg: DictConfig) -> None:
