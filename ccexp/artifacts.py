@@ -25,6 +25,14 @@ log = logging.getLogger("ccexp")
 DONE = "DONE"
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole or not at all: written to a temporary sibling, then renamed into place
+    (a kill or a full disk mid-write leaves the previous file, never a truncated one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def fingerprint(stage: str, version: int, config: Any, inputs: dict[str, str] | None = None) -> str:
     """Return a 16-hex-digit SHA-256 fingerprint of ``(stage, version, config, inputs)``.
 

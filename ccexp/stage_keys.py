@@ -119,12 +119,10 @@ def content_digest(path: str | Path, cache: Path | None = None) -> str:
             h.update(f"{f.relative_to(path).as_posix()}:{digest(f)}\n".encode())
         out = h.hexdigest()[:16]
     if cache is not None and fresh.keys() - saved.keys():
-        import os
+        from ccexp.artifacts import write_text_atomic
 
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({**saved, **fresh}))
-        os.replace(tmp, cache)
+        write_text_atomic(cache, json.dumps({**saved, **fresh}))
     return out
 
 

@@ -33,6 +33,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from ccexp.artifacts import write_text_atomic
+
 log = logging.getLogger("ccexp")
 STATUS_FILE = "status.json"
 LAST_SWEEP_FAILURES: list[str] = []  # "#<job> (<overrides>): <line>" of the last multirun in this process
@@ -43,9 +45,8 @@ def write_job_status(job_dir: Path, status: str, message: str = "", overrides: l
     """Record a job's end: ``status`` FINISHED, SKIPPED, FAILED or KILLED, with its one-line ``message``
     and the ``overrides`` that set the job (so a later launch into the same folder recognises it)."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    tmp = job_dir / f".{STATUS_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"status": status, "message": message, "overrides": list(overrides or [])}))
-    os.replace(tmp, job_dir / STATUS_FILE)
+    write_text_atomic(job_dir / STATUS_FILE,
+                      json.dumps({"status": status, "message": message, "overrides": list(overrides or [])}))
 
 
 def finished_before(job_dir: Path, overrides: list[str]) -> bool:
@@ -157,9 +158,7 @@ class MlflowSweepCallback(Callback):
                                 tags={"ccexp.sweep": "true", "sweep_dir": str(sweep_dir.resolve()),
                                       "overrides": overrides[:5000]})
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        tmp = sweep_dir / f".sweep.json.{os.getpid()}"
-        tmp.write_text(json.dumps({"tracking_uri": uri, "parent_run_id": run.info.run_id}))
-        os.replace(tmp, record)
+        write_text_atomic(record, json.dumps({"tracking_uri": uri, "parent_run_id": run.info.run_id}))
         log.info("mlflow: sweep parent run %s (%s)", run.info.run_name, run.info.run_id)
         return uri, run
 
