@@ -67,6 +67,7 @@ def test_every_ccexp_command_in_the_docs_composes_and_passes_the_key_checks():
     """Each documented command's overrides compose (every group option and key exists) and pass the
     schemas' key and bound checks: a renamed setting or option cannot live on in the docs."""
     from ccexp import config, preflight
+    from ccexp.plan import expand_sweep
 
     commands = doc_commands()
     assert len(commands) >= 25
@@ -82,13 +83,9 @@ def test_every_ccexp_command_in_the_docs_composes_and_passes_the_key_checks():
             elif a.startswith("-") or a == "model" and entry == "ccexp.plan" or a.split("=")[0].startswith("hydra"):
                 continue
             else:
-                key, _, value = a.partition("=")
-                sweep = re.match(r"range\((-?\d+)", value)  # Hydra's sweep range(a,b): its first value
-                first = (sweep.group(1) if sweep else value.split(",")[0] if "," in value and not value.startswith("[")
-                         else value)
-                overrides.append(f"{key}={first}")
+                overrides.append(a)
         try:
-            cfg = config.compose(overrides)
+            cfg = config.compose(expand_sweep(overrides)[0])  # each sweep at its first value, as Hydra reads it
             preflight._check_keys_and_bounds(cfg, config.RootConfig, "")
         except Exception as e:  # noqa: BLE001 (collected, then reported together)
             bad.append(f"{page}: {entry} {' '.join(args)} -> {type(e).__name__}: {str(e)[:200]}")
