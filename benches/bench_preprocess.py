@@ -106,7 +106,7 @@ def main() -> None:
         with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
             cfg = compose("config", overrides=["data=parquet", f"data.path={src}", "data.label_fields=[domain]",
                                                f"data.shard_documents={args.shard_documents}", f"paths.outputs={tmp}"])
-        stages = Stages(cfg, StageStore(Path(tmp) / "cache"))
+        stages = Stages.for_config(cfg, StageStore(Path(tmp) / "cache"))
         corpus = timed("corpus (read, validate, split, write shards)", rows, stages.corpus)
         tokenized = timed("tokenize (train BPE, encode shards, assemble)", rows, lambda: stages.tokenize(corpus))
         print(f"  {int(tokenized.offsets[-1]):,} tokens, {stages.results['corpus'].figures['shards']} shards", flush=True)

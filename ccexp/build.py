@@ -9,24 +9,29 @@ from omegaconf import DictConfig, OmegaConf
 
 from ccexp.errors import CcexpError
 
-# keys that describe an option but are not constructor arguments: its name, the tokenizer a model
-# option carries, the level a sampler balances at, the held-out split and shard size a corpus option
-# carries (the corpus stage uses them, and the split's stratification), the CPU threads and FSDP settings a
-# trainer option carries (the runner builds the strategy), and the architecture numbers a model option carries for ccexp.plan, and
-# the reference run a DoReMi sampler option carries (the `reference` stage trains it)
-_META_KEYS = ("name", "tokenizer", "level", "heldout_fraction", "heldout_stratify", "heldout_min_per_value",
-              "shard_documents", "threads", "fsdp", "architecture", "reference_steps", "reference_documents")
+
+def settings(node: DictConfig, group: str) -> set[str]:
+    """The keys of ``group``'s option ``node`` that its schema declares settings for ccexp, not constructor
+    arguments (:func:`ccexp.config.setting`); for a ``_target_`` no schema names, those of every schema
+    of the group."""
+    from ccexp import config
+
+    schema = config.schema_for(group, node.get("_target_"))
+    if schema is not None:
+        return config.settings_of(schema)
+    return set().union(*(config.settings_of(cls) for g, _, cls in config.GROUP_SCHEMAS if g == group))
 
 
 def build(node: DictConfig, group: str, **runtime: Any) -> Any:
-    """Instantiate ``node`` (a config group entry with ``_target_``) with ``runtime`` keyword arguments.
+    """Instantiate ``node`` (a config group entry with ``_target_``) with ``runtime`` keyword arguments;
+    the keys its schema declares settings (:func:`settings`) are not passed.
 
     Raises:
         CcexpError: if the target cannot be imported or rejects the arguments (the group is named).
         Other exceptions from the constructor propagate unchanged (a CcexpError stays one line).
     """
     cfg = OmegaConf.to_container(node, resolve=True)
-    for key in _META_KEYS:
+    for key in settings(node, group):
         cfg.pop(key, None)
     try:
         return instantiate(cfg, **runtime, _convert_="all")
@@ -58,8 +63,9 @@ def check_buildable(node: DictConfig, group: str, runtime: tuple[str, ...] = ())
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
+    skip = settings(node, group)
     for key in node.keys():
-        if key in _META_KEYS or key == "_target_" or key in runtime:
+        if key in skip or key == "_target_" or key in runtime:
             continue
         if key not in params:
             accepted = sorted(k for k in params if k not in runtime and k != "self")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -20,9 +20,27 @@ from omegaconf import MISSING, OmegaConf
 from ccexp.errors import CcexpError
 
 
-def ge(low: float, default: Any = MISSING, **kw) -> Any:
-    """A field whose value must be ``>= low`` (None passes for Optional fields), checked by pre-flight."""
-    return field(default=default, metadata={"min": low}, **kw)
+def ge(low: float, default: Any = MISSING, *, setting: bool = False, **kw) -> Any:
+    """A field whose value must be ``>= low`` (None passes for Optional fields), checked by pre-flight;
+    ``setting``: as :func:`setting`."""
+    return field(default=default, metadata={"min": low, "setting": setting}, **kw)
+
+
+def setting(default: Any = MISSING, **kw) -> Any:
+    """A field that an option carries for ccexp (its name, the level a sampler balances at, the tokenizer of a
+    model), not a keyword argument of its ``_target_``: :func:`ccexp.build.build` leaves it out."""
+    if "default_factory" in kw:
+        return field(metadata={"setting": True}, **kw)
+    return field(default=default, metadata={"setting": True}, **kw)
+
+
+def settings_of(schema: type | None) -> set[str]:
+    """The fields of ``schema`` (a dataclass, or None) declared with :func:`setting` (or ``ge(setting=True)``)."""
+    import dataclasses
+
+    if schema is None:
+        return set()
+    return {f.name for f in dataclasses.fields(schema) if f.metadata.get("setting")}
 
 
 @dataclass
@@ -174,7 +192,7 @@ class TrainConfig:
 @dataclass
 class DataConfig:
     _target_: str = "ccexp.data.corpus.CorpusReader"
-    name: str = MISSING  # the data option's name (builtin, jsonl, parquet, hf_disk)
+    name: str = setting()  # the data option's name (builtin, jsonl, parquet, hf_disk)
     path: str = MISSING  # a .jsonl(.gz) / .parquet file, a datasets folder (save_to_disk), or "builtin"
     format: str = "auto"  # auto | jsonl | parquet | hf_disk
     split: str = "train"  # the split of a datasets folder holding a DatasetDict
@@ -185,20 +203,33 @@ class DataConfig:
     label_fields: list[str] = field(default_factory=list)
     drop_empty: bool = True  # skip documents whose text is empty (counted in a warning)
     max_documents: Optional[int] = ge(1, None)  # read a hash-chosen subsample of this many documents; null = all
-    heldout_fraction: float = 0.05  # in (0, 1): documents held out by a hash of their id
+    heldout_fraction: float = setting(0.05)  # in (0, 1): documents held out by a hash of their id
     # a field of label_fields: each of its values gets at least heldout_min_per_value held-out documents (at most
     # half of its documents), so a rare value's held-out perplexity rests on more than a handful; null = off
-    heldout_stratify: Optional[str] = None
-    heldout_min_per_value: int = ge(0, 20)  # with heldout_stratify: the least held-out documents per label value
-    shard_documents: int = ge(1, 100_000)  # documents per corpus shard: the unit of reading, tokenizing and resume
+    heldout_stratify: Optional[str] = setting(None)
+    heldout_min_per_value: int = ge(0, 20, setting=True)  # with heldout_stratify: the least held-out documents per label value
+    shard_documents: int = ge(1, 100_000, setting=True)  # documents per corpus shard: the unit of reading, tokenizing and resume
     # instruction data: text_field is the prompt, this field the response; only response tokens are trained on
     response_field: Optional[str] = None
 
 
+class Embedder:
+    """What an embedder option declares about itself (its schema's class attributes and methods)."""
+
+    # run-time inputs: "pretrained" (the causal LM folder its constructor takes), "prompt_chars" (its embed()
+    # takes each document's prompt length in characters: instruction data)
+    needs: ClassVar[frozenset] = frozenset()
+
+    @classmethod
+    def uses_run_model(cls, node: Any) -> bool:
+        """True when it embeds with the run's own ``model.pretrained`` (``embedder.model=model``)."""
+        return False
+
+
 @dataclass
-class EmbedderConfig:
+class EmbedderConfig(Embedder):
     _target_: str = "ccexp.embedding.sentence.SentenceEmbedder"
-    name: str = MISSING  # the embedder option's name
+    name: str = setting()  # the embedder option's name
     model: str = MISSING  # minilm (the packaged all-MiniLM-L6-v2) or a local sentence-transformers folder
     batch_size: int = ge(1, 64)  # documents per forward pass
     max_seq_length: int = ge(1, 256)  # tokens embedded per document (see long_documents)
@@ -211,9 +242,10 @@ class EmbedderConfig:
 
 
 @dataclass
-class GradientProxyConfig:
+class GradientProxyConfig(Embedder):
+    needs: ClassVar[frozenset] = frozenset({"pretrained", "prompt_chars"})
     _target_: str = "ccexp.embedding.gradient.GradientProxyEmbedder"
-    name: str = MISSING  # the embedder option's name
+    name: str = setting()  # the embedder option's name
     model: str = "model"  # "model" = the run's own model.pretrained; or a local HF folder
     batch_size: int = ge(1, 16)  # documents per forward and backward pass
     max_seq_length: int = ge(2, 512)  # tokens read per document (prompt + response)
@@ -221,11 +253,49 @@ class GradientProxyConfig:
     shard_size: int = ge(1, 256)  # smaller than the sentence embedder's: a causal LM embeds far fewer docs/s
     dtype: str = "float32"  # float32 | bfloat16 | float16 while embedding
 
+    @classmethod
+    def uses_run_model(cls, node: Any) -> bool:
+        return node.model == "model"
+
+
+class Clusterer:
+    """What a clusterer option declares about itself (its schema's class methods; the pre-flight, the run's
+    name and the reports ask these instead of looking at which keys the option has)."""
+
+    # run-time inputs its fit() takes besides the embeddings and the training mask: "label_values"
+    # (the corpus's label fields -> one value per document)
+    needs: ClassVar[frozenset] = frozenset()
+
+    @classmethod
+    def cluster_counts(cls, node: Any) -> list[int] | None:
+        """Clusters per level, finest first; None when the corpus decides (groups from a label)."""
+        return [int(node.k)]
+
+    @classmethod
+    def count_key(cls, node: Any) -> str:
+        """The setting that gives the finest level's number of clusters (for messages)."""
+        return "clusterer.k"
+
+    @classmethod
+    def group_field(cls, node: Any) -> str | None:
+        """The field of ``data.label_fields`` whose values are the groups; None for embedding clusters."""
+        return None
+
+    @classmethod
+    def partition_seed(cls, node: Any) -> int | None:
+        """The seed its partition is drawn with (None: the partition is not random)."""
+        return int(node.seed)
+
+    @classmethod
+    def name_part(cls, node: Any, level: int) -> str:
+        """The run name's part for the groups a sampler balances at ``level``: ``k<K>[l<level>]``."""
+        return f"k{cls.cluster_counts(node)[level]}" + (f"l{level}" if level else "")
+
 
 @dataclass
-class KMeansConfig:
+class KMeansConfig(Clusterer):
     _target_: str = "ccexp.clustering.kmeans.FaissKMeans"
-    name: str = "kmeans"  # the clusterer option's name
+    name: str = setting("kmeans")  # the clusterer option's name
     k: int = ge(1, 32)  # clusters K (the units the samplers balance)
     niter: int = ge(1, 20)  # k-means iterations (FAISS)
     seed: int = 0  # the partition's seed: fixed, not ${seed}, so every seed of a sweep shares one clustering
@@ -240,9 +310,9 @@ class KMeansConfig:
 
 
 @dataclass
-class HierarchicalConfig:
+class HierarchicalConfig(Clusterer):
     _target_: str = "ccexp.clustering.hierarchical.HierarchicalKMeans"
-    name: str = "hierarchical"  # the clusterer option's name
+    name: str = setting("hierarchical")  # the clusterer option's name
     levels: list[int] = field(default_factory=lambda: [128, 32, 8])  # finest first
     niter: int = ge(1, 20)  # k-means iterations per level (FAISS)
     seed: int = 0  # the partition's seed (fixed; see KMeansConfig.seed)
@@ -255,11 +325,19 @@ class HierarchicalConfig:
     device: str = "auto"  # auto (GPU when FAISS has one) | cpu | gpu
     verbose: bool = False  # FAISS's own k-means progress
 
+    @classmethod
+    def cluster_counts(cls, node: Any) -> list[int]:
+        return [int(x) for x in node.levels]
+
+    @classmethod
+    def count_key(cls, node: Any) -> str:
+        return "clusterer.levels"
+
 
 @dataclass
-class TwoLevelConfig:
+class TwoLevelConfig(Clusterer):
     _target_: str = "ccexp.clustering.two_level.TwoLevelKMeans"
-    name: str = "two_level"  # the clusterer option's name
+    name: str = setting("two_level")  # the clusterer option's name
     k: int = ge(1, 1024)  # fine clusters
     coarse_k: Optional[int] = ge(1, None)  # coarse cells; null = round(sqrt(k))
     niter: int = ge(1, 20)  # k-means iterations per level (FAISS)
@@ -271,12 +349,40 @@ class TwoLevelConfig:
     device: str = "auto"  # auto (GPU when FAISS has one) | cpu | gpu
     verbose: bool = False  # FAISS's own k-means progress
 
+    @classmethod
+    def cluster_counts(cls, node: Any) -> list[int]:
+        """The fine clusters, then the coarse cells (the constructor checks ``coarse_k`` and ``nprobe``)."""
+        from ccexp.clustering.two_level import TwoLevelKMeans
+
+        return [int(node.k), TwoLevelKMeans(k=int(node.k), coarse_k=node.coarse_k, nprobe=int(node.nprobe)).coarse_k]
+
 
 @dataclass
-class LabelGroupsConfig:
+class LabelGroupsConfig(Clusterer):
+    needs: ClassVar[frozenset] = frozenset({"label_values"})  # the groups are a label field's values
     _target_: str = "ccexp.clustering.labels.LabelGroups"
-    name: str = "labels"  # the clusterer option's name
+    name: str = setting("labels")  # the clusterer option's name
     label_field: str = "domain"  # a field of data.label_fields: its values are the groups
+
+    @classmethod
+    def cluster_counts(cls, node: Any) -> None:
+        return None
+
+    @classmethod
+    def count_key(cls, node: Any) -> str:
+        return "clusterer.label_field"
+
+    @classmethod
+    def group_field(cls, node: Any) -> str:
+        return str(node.label_field)
+
+    @classmethod
+    def partition_seed(cls, node: Any) -> None:
+        return None
+
+    @classmethod
+    def name_part(cls, node: Any, level: int) -> str:
+        return f"by-{node.label_field}"
 
 
 @dataclass
@@ -308,10 +414,20 @@ class CurateConfig:
 
 @dataclass
 class SamplerConfig:
+    """A sampler option; also what every sampler declares about itself (class attributes and methods)."""
+
+    # the run-time inputs its constructor takes besides the shared ones (labels, sizes, block_size,
+    # document_tokens, token_budget): "similarity" (float32[N], cosine to the centroid), "reference_losses"
+    needs: ClassVar[frozenset] = frozenset()
     _target_: str = MISSING
-    name: str = MISSING  # the sampler option's name
-    level: int = 0  # the clustering level to balance at (hierarchical clusterers; 0 = finest)
+    name: str = setting()  # the sampler option's name
+    level: int = setting(0)  # the clustering level to balance at (hierarchical clusterers; 0 = finest)
     seed: int = "${seed}"  # type: ignore[assignment]  # the data order: which documents, in which order
+
+    @classmethod
+    def reference_run(cls, node: Any) -> bool:
+        """True when the run trains a reference model for this sampler (DoReMi's ``reference_losses=auto``)."""
+        return False
 
 
 @dataclass
@@ -359,14 +475,19 @@ class DynamicConfig(SamplerConfig):
     # DoReMi's per-cluster reference loss: "auto" (a reference run of reference_steps with sampler=random on the
     # same data, cached as the `reference` stage), or a list / .npy / .json file with one loss per cluster
     reference_losses: Optional[Any] = "auto"
-    reference_steps: int = ge(1, "${ccexp.percent:${train.steps},20,1}")  # 20 % of the run, at least 1 step
-    reference_documents: int = ge(1, 32)  # training documents per cluster the reference model is scored on
+    reference_steps: int = ge(1, "${ccexp.percent:${train.steps},20,1}", setting=True)  # 20 % of the run, at least 1 step
+    reference_documents: int = ge(1, 32, setting=True)  # training documents per cluster the reference model is scored on
     clip_threshold: Optional[int] = None  # as ClusterClip's M; null = no clip
     on_exhausted: str = "error"  # error | reset: what a clip that exhausts every cluster does
+
+    @classmethod
+    def reference_run(cls, node: Any) -> bool:
+        return node.rule == "doremi" and node.reference_losses == "auto"
 
 
 @dataclass
 class ClusterDPConfig(SamplerConfig):
+    needs: ClassVar[frozenset] = frozenset({"similarity"})  # the reduction keeps the farthest/closest documents
     _target_: str = "ccexp.sampling.ClusterDPSampler"
     ratio: float = 1.0  # CluSTER's reduction: every cluster keeps floor(smallest cluster size x ratio) documents, in (0, 1]
     keep: str = "farthest"  # farthest | closest | random
@@ -382,29 +503,72 @@ class TokenizerConfig:
     separator: Optional[str] = None
 
 
+class ModelSource:
+    """What a model option declares about itself: where its weights come from, and its own cross-checks."""
+
+    @classmethod
+    def weights_source(cls, node: Any) -> str | None:
+        """The pretrained weights it starts from (a folder, a model id or a .gguf file); None: trained from scratch."""
+        return None
+
+    @classmethod
+    def architecture_numbers(cls, node: Any) -> dict | None:
+        """The architecture numbers ``python -m ccexp.plan model`` builds it from without weights (None: none given)."""
+        return None
+
+    @classmethod
+    def check(cls, node: Any, longest: int) -> None:
+        """Raise CcexpError if it cannot take rows of ``longest`` tokens or its settings disagree."""
+
+
 @dataclass
-class TinyGPTConfig:
+class TinyGPTConfig(ModelSource):
     _target_: str = "ccexp.training.models.tiny_gpt"
-    name: str = "tiny_gpt"  # the model option's name
+    name: str = setting("tiny_gpt")  # the model option's name
     n_layer: int = 2  # transformer blocks
     n_embd: int = 128  # model width
     n_head: int = 4  # attention heads (n_embd must divide by it)
     n_positions: int = 512  # the longest position the model has (>= train.seq_len and eval.max_tokens)
     dropout: float = 0.0  # dropout probability during training
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # the tokenizer (below)
+    tokenizer: TokenizerConfig = setting(default_factory=TokenizerConfig)  # the tokenizer (below)
+
+    @classmethod
+    def check(cls, node: Any, longest: int) -> None:
+        if node.n_head < 1 or node.n_embd % node.n_head:
+            raise CcexpError(f"model.n_embd={node.n_embd} must be divisible by model.n_head={node.n_head}")
+        if node.n_positions < longest:
+            raise CcexpError(f"model.n_positions={node.n_positions} is shorter than train.seq_len / eval.max_tokens "
+                             f"({longest}); raise model.n_positions")
 
 
 @dataclass
-class HFCausalLMConfig:
+class HFCausalLMConfig(ModelSource):
     _target_: str = "ccexp.training.models.hf_causal_lm"
-    name: str = MISSING  # the model option's name
+    name: str = setting()  # the model option's name
     pretrained: str = MISSING  # a local Hugging Face model folder or a .gguf file (converted once)
     dtype: str = "float32"  # float32 | bfloat16 | float16: the weights' dtype
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
-    tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(kind="pretrained", path=None))  # the tokenizer (below): the model folder's own by default
+    tokenizer: TokenizerConfig = setting(default_factory=lambda: TokenizerConfig(kind="pretrained", path=None))  # the tokenizer (below): the model folder's own by default
     # the numbers of the model's config.json (model_type, hidden_size, ...): python -m ccexp.plan builds the
     # model from them on the meta device without the weights; null = read config.json from model.pretrained
-    architecture: Optional[dict] = None
+    architecture: Optional[dict] = setting(None)
+
+    @classmethod
+    def weights_source(cls, node: Any) -> str:
+        return str(node.pretrained)
+
+    @classmethod
+    def architecture_numbers(cls, node: Any) -> dict | None:
+        from omegaconf import OmegaConf
+
+        return None if node.architecture is None else OmegaConf.to_container(node.architecture, resolve=True)
+
+    @classmethod
+    def check(cls, node: Any, longest: int) -> None:
+        from ccexp.model_source import require_local_model
+
+        require_local_model(node.pretrained, "model.pretrained", causal_lm=True,
+                            tokenizer=node.tokenizer.kind == "pretrained" and not node.tokenizer.path)
 
 
 @dataclass
@@ -422,16 +586,16 @@ class FSDPConfig:
 @dataclass
 class TrainerConfig:
     _target_: str = "lightning.pytorch.Trainer"
-    name: str = MISSING  # the trainer option's name (cpu, gpu, ddp, fsdp)
+    name: str = setting()  # the trainer option's name (cpu, gpu, ddp, fsdp)
     accelerator: str = "cpu"  # Lightning's accelerator: cpu | gpu | auto
     devices: Any = 1  # devices per node: a count, -1 (all), auto or a list of ids
     num_nodes: int = ge(1, 1)  # nodes (multi-node runs under a launcher such as Slurm or torchrun)
     strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
     precision: str = "32-true"  # Lightning's precision: 32-true | bf16-mixed | 16-mixed | bf16-true
     gradient_clip_val: Optional[float] = 1.0  # clip the gradient norm to this; null = off
-    threads: Optional[int] = ge(1, None)  # torch.set_num_threads on CPU; None = torch's default
+    threads: Optional[int] = ge(1, None, setting=True)  # torch.set_num_threads on CPU; None = torch's default
     enable_progress_bar: bool = True  # Lightning's live bar (ccexp's progress lines are logged either way)
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # used when strategy=fsdp
+    fsdp: FSDPConfig = setting(default_factory=FSDPConfig)  # used when strategy=fsdp
 
 
 @dataclass
@@ -562,6 +726,14 @@ def child_schema(schema: type, key: str, node: Any) -> type | None:
     hint = typing.get_type_hints(schema).get(key)
     return next((t for t in (hint, *typing.get_args(hint)) if isinstance(t, type) and dataclasses.is_dataclass(t)),
                 None)
+
+
+def component(group: str, node: Any) -> type:
+    """The schema that declares what the ``group`` option ``node`` is (:func:`schema_for` its ``_target_``);
+    for a ``_target_`` no schema names, the group's declarations with their defaults."""
+    defaults = {"clusterer": Clusterer, "sampler": SamplerConfig, "embedder": Embedder, "model": ModelSource}
+    found = schema_for(group, node.get("_target_"))
+    return found if found is not None and issubclass(found, defaults.get(group, object)) else defaults[group]
 
 
 def compose(overrides: list[str]):

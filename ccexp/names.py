@@ -1,6 +1,6 @@
-"""Names made from data: a label value (a domain, a URL, any string) becomes part of metric, task and
+"""Names: made from data (a label value, a domain, a URL, any string becomes part of metric, task and
 file names, so it must be safe for MLflow, lm-eval and the file system, and distinct values must stay
-distinct."""
+distinct), and a run's name made from its config (:func:`run_name`, asking the clusterer's schema)."""
 from __future__ import annotations
 
 import hashlib
@@ -44,3 +44,37 @@ def markdown_cell(value: object, width: int = 160) -> str:
     """``value`` as one Markdown table cell: on one line, ``|`` escaped, cut at ``width`` characters."""
     text = " ".join(str(value).split())
     return (text[:width] + ("…" if len(text) > width else "")).replace("|", "\\|")
+
+
+def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
+    """Make metric names MLflow-safe, part by part between the ``/``: characters outside
+    ``[A-Za-z0-9_.- ]`` become ``_``, an empty or dot-only part becomes ``_empty_`` (MLflow refuses
+    ``//`` and ``..``), and names that collide after that get a short hash of the original."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        parts = [re.sub(r"[^A-Za-z0-9_.\- ]", "_", part).strip() for part in name.split("/")]
+        safe = "/".join(p if p.strip(".") else "_empty_" for p in parts)
+        if safe != name and (safe in out or safe in metrics):
+            safe = f"{safe}_{hashlib.sha256(name.encode()).hexdigest()[:6]}"
+        out[safe] = value
+    return out
+
+
+def run_name(cfg) -> str:
+    """A readable run name that starts with what usually differs inside a sweep,
+    ``<sampler>-k<K>[l<level>]-s<seed>-<config hash>`` (the corpus, model and recipe are run tags),
+    never MLflow's random one. The 4-hex-digit hash of the resolved config (paths and
+    ``train.resume_from`` excluded) tells apart runs that differ in any other setting; reruns of one
+    config share it."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from ccexp.config import component
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    container.pop("paths", None)
+    container.get("train", {}).pop("resume_from", None)
+    digest = hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:4]
+    groups = component("clusterer", cfg.clusterer).name_part(cfg.clusterer, int(cfg.sampler.level))
+    return f"{cfg.sampler.name}-{groups}-s{cfg.seed}-{digest}"

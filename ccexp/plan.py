@@ -52,16 +52,18 @@ def build_meta_model(cfg):
         CcexpError: if neither a local ``model.pretrained`` nor ``model.architecture`` gives the architecture.
     """
     import torch
-    from omegaconf import OmegaConf
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    m = cfg.model
-    arch = OmegaConf.select(cfg, "model.architecture")
-    config = None
-    if "pretrained" in m:  # a local folder or cached id: its own config.json wins over the recipe's numbers
-        from ccexp.training.pretrained import is_gguf, resolve_pretrained
+    from ccexp.config import component
 
-        source = resolve_pretrained(m.pretrained)
+    m = cfg.model
+    declared = component("model", m)
+    arch, pretrained = declared.architecture_numbers(m), declared.weights_source(m)
+    config = None
+    if pretrained is not None:  # a local folder or cached id: its own config.json wins over the recipe's numbers
+        from ccexp.model_source import is_gguf, resolve_pretrained
+
+        source = resolve_pretrained(pretrained)
         if not is_gguf(source):
             try:
                 config = AutoConfig.from_pretrained(source, local_files_only=True)
@@ -73,7 +75,7 @@ def build_meta_model(cfg):
         elif not arch:
             raise CcexpError("ccexp.plan reads a GGUF model's architecture from model.architecture; add it")
     if config is None and arch:
-        arch = OmegaConf.to_container(arch, resolve=True)
+        arch = dict(arch)
         config = AutoConfig.for_model(arch.pop("model_type"), **arch)
     elif config is None:  # tiny_gpt: built from its own settings
         from transformers import GPT2Config
@@ -284,7 +286,7 @@ def stream_plan(cfg):
     if p.source == "synthetic":
         labels, sizes, lengths = synthetic_corpus(p.clusters, p.documents, zipf=p.zipf, mean_tokens=p.mean_tokens,
                                                   sigma=p.sigma, seed=cfg.seed)
-        sampler = runner.sampler_over(cfg, labels, sizes, lengths)
+        sampler = runner.sampler_over(cfg.sampler, cfg.train, labels, sizes, lengths)
     else:  # the same stages as a training run (ccexp.pipeline.run), from the cache when they are there
         from pathlib import Path
 
@@ -293,17 +295,18 @@ def stream_plan(cfg):
 
         from ccexp.preflight import check_cluster_counts
 
-        stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
+        stage = stages.Stages.for_config(cfg, StageStore(Path(cfg.paths.cache).resolve()))
         corpus = stage.corpus()
-        check_cluster_counts(cfg, int((~corpus.heldout).sum()))
+        check_cluster_counts(cfg.clusterer, int((~corpus.heldout).sum()))
         pretrained = stage.model()
         tokenized = stage.tokenize(corpus, pretrained)
-        runner.settle_budget(cfg, tokenized, ~corpus.heldout)  # as a training run: before any embedding
+        runner.settle_budget(cfg.train, cfg.sampler, tokenized, ~corpus.heldout)  # as a training run: before embedding
         embeddings = stage.embed(corpus, pretrained)
         clustering = stage.cluster(corpus, embeddings)
         kept = stage.dedup(corpus, embeddings, clustering)  # the same curation as a training run
-        split = stages.train_split(corpus, clustering, cfg.sampler.level, stages.select(cfg, corpus, clustering, kept))
-        sampler = runner.build_sampler(cfg, split, tokenized)
+        split = stages.train_split(corpus, clustering, cfg.sampler.level,
+                                   stages.select(cfg.selection, corpus, clustering, kept))
+        sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized)
         lengths = tokenized.lengths(split.train_docs)
     plan = simulate(sampler, lengths, steps=cfg.train.steps, tokens_per_step=cfg.train.tokens_per_step,
                     seq_len=cfg.train.seq_len, max_doc_tokens=cfg.train.max_doc_tokens,

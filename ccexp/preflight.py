@@ -51,13 +51,14 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
                          "tokens), or null")
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
-    if not 0.0 < cfg.data.heldout_fraction < 1.0:
-        raise CcexpError(f"data.heldout_fraction={cfg.data.heldout_fraction} must be in (0, 1)")
+    from ccexp.clustering.selection import check_strategy
+    from ccexp.data.corpus import check_heldout_fraction
+
+    check_heldout_fraction(cfg.data.heldout_fraction)
     if cfg.data.heldout_stratify is not None and cfg.data.heldout_stratify not in cfg.data.label_fields:
         raise CcexpError(f"data.heldout_stratify={cfg.data.heldout_stratify!r} is not among data.label_fields "
                          f"{list(cfg.data.label_fields)}; add it, e.g. data.label_fields=[{cfg.data.heldout_stratify}]")
-    if cfg.selection.strategy not in ("random", "closest"):
-        raise CcexpError(f"selection.strategy={cfg.selection.strategy!r} is not an option; use random or closest")
+    check_strategy(cfg.selection.strategy)
     if cfg.curate.dedup.enabled:
         from ccexp.clustering.dedup import check_options
 
@@ -251,7 +252,7 @@ def _check_token_budget(cfg: DictConfig) -> None:
         raise CcexpError(f"train.grad_accumulation={node} but it is derived: tokens_per_step / (seq_len x "
                          f"micro_batch_size x world size) = {derived}; set train.tokens_per_step or "
                          "train.micro_batch_size instead")
-    if world > 1 and uses_reference_run(cfg):
+    if world > 1 and schemas.component("sampler", cfg.sampler).reference_run(cfg.sampler):
         raise CcexpError("sampler.reference_losses=auto trains the reference model on one device, not under "
                          f"{world} ranks; pass a file: a single-device run of this config writes it to "
                          "<paths.cache>/reference/<fingerprint>/reference_losses.npy")
@@ -268,77 +269,27 @@ def _check_eval(cfg: DictConfig) -> None:
     if e.average != "none" and str(cfg.trainer.strategy).startswith("fsdp"):
         raise CcexpError(f"eval.average={e.average} keeps a whole copy of the weights, which trainer.strategy=fsdp "
                          "shards across ranks; set eval.average=none")
-    if "pretrained" not in cfg.model and e.max_tokens > cfg.train.seq_len:
+    if schemas.component("model", cfg.model).weights_source(cfg.model) is None and e.max_tokens > cfg.train.seq_len:
         log.warning("eval.max_tokens=%d scores positions up to %d, but the model is trained from scratch on rows of "
                     "train.seq_len=%d tokens and never trained a later position; leave eval.max_tokens at its default "
                     "(train.seq_len)", e.max_tokens, e.max_tokens, cfg.train.seq_len)
 
 
-def uses_reference_run(cfg: DictConfig) -> bool:
-    """True when the run trains DoReMi's reference model (``sampler.rule=doremi``,
-    ``sampler.reference_losses=auto``): the reference stage's condition and pre-flight's."""
-    s = cfg.sampler
-    return s.name == "dynamic" and s.rule == "doremi" and OmegaConf.select(cfg, "sampler.reference_losses") == "auto"
-
-
 def _check_model(cfg: DictConfig) -> None:
-    m = cfg.model
-    if m.tokenizer.kind not in ("bpe", "pretrained"):
-        raise CcexpError(f"model.tokenizer.kind={m.tokenizer.kind!r} is not an option; use bpe or pretrained")
-    if "n_head" in m and (m.n_head < 1 or m.n_embd % m.n_head):
-        raise CcexpError(f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")
-    if "n_positions" in m and m.n_positions < max(cfg.train.seq_len, cfg.eval.max_tokens):
-        raise CcexpError(f"model.n_positions={m.n_positions} is shorter than train.seq_len / eval.max_tokens "
-                         f"({max(cfg.train.seq_len, cfg.eval.max_tokens)}); raise model.n_positions")
-    if "pretrained" in m:  # a ??? value was refused by _check_missing
-        require_local_model(m.pretrained, "model.pretrained", causal_lm=True,
-                            tokenizer=m.tokenizer.kind == "pretrained" and not m.tokenizer.path)
-    embedder_model = OmegaConf.select(cfg, "embedder.model", default=None)
-    if "pretrained" in _parameters(cfg.embedder._target_) and embedder_model not in (None, "model"):
-        require_local_model(embedder_model, "embedder.model", causal_lm=True, tokenizer=True)
+    """The model's own cross-checks (declared on its schema), the tokenizer kind, an embedder's causal LM, and
+    lm-eval's tasks being cached."""
+    from ccexp.data.tokenize import check_tokenizer_kind
+    from ccexp.model_source import require_local_model
+
+    check_tokenizer_kind(cfg.model.tokenizer.kind)
+    schemas.component("model", cfg.model).check(cfg.model, max(cfg.train.seq_len, cfg.eval.max_tokens))
+    embedder = schemas.component("embedder", cfg.embedder)
+    if "pretrained" in embedder.needs and not embedder.uses_run_model(cfg.embedder):
+        require_local_model(cfg.embedder.model, "embedder.model", causal_lm=True, tokenizer=True)
     if cfg.eval.lm_eval is not None and cfg.eval.lm_eval.tasks:
         from ccexp.evaluation.lm_eval_bridge import check_tasks_offline
 
         check_tasks_offline(list(cfg.eval.lm_eval.tasks))
-
-
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def require_local_model(name: str, key: str, *, causal_lm: bool = False, tokenizer: bool = False) -> None:
-    """A local folder, a GGUF file (also ``pkg:<package>/<file>``), or a model id already in the local
-    Hugging Face cache; else one-line error. A local folder must hold weights (and, with ``tokenizer``,
-    a tokenizer), and with ``causal_lm`` its ``config.json`` must not name a non-causal architecture."""
-    import json
-
-    from ccexp.training.pretrained import is_gguf, resolve_pretrained
-
-    name = resolve_pretrained(name)
-    if is_gguf(name):
-        return
-    path = Path(name).expanduser()
-    looks_like_path = name.startswith(("/", ".", "~")) or path.exists()
-    if looks_like_path:
-        if not (path.is_dir() and (path / "config.json").is_file()):
-            raise CcexpError(f"{key}={name!r} is not a model folder (no config.json there); give a folder saved "
-                             "with save_pretrained, or a model id in the local Hugging Face cache")
-        if not any((path / w).is_file() for w in _WEIGHTS):
-            raise CcexpError(f"{key}={name!r} holds no weights (none of {', '.join(_WEIGHTS)}); save the model "
-                             "there with save_pretrained")
-        if tokenizer and not any((path / t).is_file() for t in _TOKENIZER):
-            raise CcexpError(f"{key}={name!r} holds no tokenizer (none of {', '.join(_TOKENIZER)}); save it there "
-                             "with tokenizer.save_pretrained, or set model.tokenizer.path")
-        archs = json.loads((path / "config.json").read_text()).get("architectures") or []
-        if causal_lm and archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-            raise CcexpError(f"{key}={name!r} is a {archs[0]}, not a causal language model; give a decoder LM "
-                             "(its config.json's architectures end in ForCausalLM or LMHeadModel)")
-        return
-    from huggingface_hub import try_to_load_from_cache
-
-    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
-        raise CcexpError(f"{key}={name!r} is not in the local Hugging Face cache and ccexp never downloads at run "
-                         f"time; fetch it first (`huggingface-cli download {name}`) or give a local folder")
 
 
 def _check_components(cfg: DictConfig) -> None:
@@ -346,66 +297,49 @@ def _check_components(cfg: DictConfig) -> None:
     loaded) and the sampler on K one-document clusters, which must also lay out a step's rows."""
     build(cfg.clusterer, "clusterer")
     build(cfg.embedder, "embedder")
-    if OmegaConf.select(cfg, "embedder.model") == "model" and "pretrained" not in cfg.model:
+    if schemas.component("embedder", cfg.embedder).uses_run_model(cfg.embedder) and \
+            schemas.component("model", cfg.model).weights_source(cfg.model) is None:
         raise CcexpError(f"embedder={cfg.embedder.name} embeds with the run's pretrained model but model="
                          f"{cfg.model.name} has none; use model=hf_causal_lm model.pretrained=... (or +recipe=cluster_sft)")
     k = cluster_count(cfg)
-    extra = {"similarity": np.zeros(k, dtype=np.float32)} if "similarity" in _parameters(cfg.sampler._target_) else {}
-    if uses_reference_run(cfg):  # the reference stage computes them
+    sampler = schemas.component("sampler", cfg.sampler)
+    extra = {"similarity": np.zeros(k, dtype=np.float32)} if "similarity" in sampler.needs else {}
+    if sampler.reference_run(cfg.sampler):  # the reference run computes them
         extra["reference_losses"] = np.zeros(k)
-    sampler = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
-                    **extra)
-    sampler.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)
+    built = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
+                  **extra)
+    built.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)
 
 
-def check_cluster_counts(cfg: DictConfig, train_documents: int) -> None:
+def check_cluster_counts(clusterer: DictConfig, train_documents: int) -> None:
     """Once the corpus is read, before any embedding: no clustering level asks for more clusters than there
-    are training documents.
+    are training documents (the clusterer's own check, :func:`ccexp.clustering.kmeans.check_k`).
 
     Raises:
         CcexpError: naming the setting and the number of training documents.
     """
-    if "label_field" in cfg.clusterer:
-        return
-    key = "clusterer.levels" if "levels" in cfg.clusterer else "clusterer.k"
-    k = max(int(x) for x in cfg.clusterer.levels) if "levels" in cfg.clusterer else int(cfg.clusterer.k)
-    if k > train_documents:
-        raise CcexpError(f"{key} asks for {k} clusters but the corpus has {train_documents:,} training documents; "
-                         f"use at most {train_documents:,} clusters (or a larger corpus)")
+    from ccexp.clustering.kmeans import check_k
 
-
-def _parameters(target: str) -> set[str]:
-    import inspect
-
-    from hydra.utils import get_method
-
-    return set(inspect.signature(get_method(target)).parameters)
+    declared = schemas.component("clusterer", clusterer)
+    counts = declared.cluster_counts(clusterer)
+    if counts is not None:
+        check_k(max(counts), train_documents, declared.count_key(clusterer))
 
 
 def cluster_count(cfg: DictConfig) -> int:
-    """K at the level the sampler balances: ``clusterer.k``, ``clusterer.levels[sampler.level]``, the
-    coarse cells of ``clusterer=two_level`` at level 1 (``coarse_k``, default ``round(sqrt(k))``), or 1 for
-    ``clusterer=labels``, whose K is the number of label values, known once the corpus is read).
+    """K at the level the sampler balances, as the clusterer declares its levels (1 for groups from a label,
+    whose K is the number of label values, known once the corpus is read).
 
     Raises:
-        CcexpError: if ``sampler.level`` is not a level of the clusterer.
+        CcexpError: if ``sampler.level`` is not a level of the clusterer, or the label field is not read.
     """
-    if "label_field" in cfg.clusterer:  # groups from a label: K is known once the corpus is read
-        if cfg.clusterer.label_field not in cfg.data.label_fields:
-            raise CcexpError(f"clusterer.label_field={cfg.clusterer.label_field!r} is not among data.label_fields "
-                             f"{list(cfg.data.label_fields)}; add it, e.g. data.label_fields=[{cfg.clusterer.label_field}]")
-        return 1
-    if "levels" in cfg.clusterer:
-        levels = list(cfg.clusterer.levels)
-    elif "coarse_k" in cfg.clusterer:  # two-level k-means: the fine clusters, then the coarse cells
-        from ccexp.clustering.two_level import TwoLevelKMeans
+    declared = schemas.component("clusterer", cfg.clusterer)
+    field = declared.group_field(cfg.clusterer)
+    if field is not None and field not in cfg.data.label_fields:
+        raise CcexpError(f"clusterer.label_field={field!r} is not among data.label_fields "
+                         f"{list(cfg.data.label_fields)}; add it, e.g. data.label_fields=[{field}]")
+    levels = declared.cluster_counts(cfg.clusterer) or [1]
+    from ccexp.clustering.kmeans import check_level
 
-        c = cfg.clusterer  # its constructor checks coarse_k and nprobe
-        levels = [int(c.k), TwoLevelKMeans(k=int(c.k), coarse_k=c.coarse_k, nprobe=int(c.nprobe)).coarse_k]
-    else:
-        levels = [cfg.clusterer.k]
-    level = int(cfg.sampler.level)
-    if not 0 <= level < len(levels):
-        raise CcexpError(f"sampler.level={level} but clusterer={cfg.clusterer.name} has {len(levels)} level(s) "
-                         f"{levels}; use a level in 0..{len(levels) - 1}")
-    return int(levels[level])
+    check_level(int(cfg.sampler.level), levels, f"clusterer={cfg.clusterer.name}")
+    return int(levels[int(cfg.sampler.level)])

@@ -40,11 +40,11 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "cluster": ("ccexp.clustering.kmeans", "ccexp.clustering.hierarchical", "ccexp.clustering.two_level",
                 "ccexp.clustering.labels", "ccexp.clustering.report", "ccexp.stages:Stages.cluster"),
     "dedup": ("ccexp.clustering.dedup", "ccexp.stages:Stages.dedup"),
-    "model": ("ccexp.training.pretrained", "ccexp.stages:Stages.model"),
+    "model": ("ccexp.model_source", "ccexp.stages:Stages.model"),
     "tokenize": ("ccexp.data.tokenize", "ccexp.stages:Stages.tokenize", "ccexp.stages:Stages._tokenizer"),
     "reference": ("ccexp.training.runner", "ccexp.training.module", "ccexp.training.data", "ccexp.training.models",
                   "ccexp.data.packing", "ccexp.sampling.random", "ccexp.sampling.base", "ccexp.sampling.kernels",
-                  "ccexp.evaluation.perplexity", "ccexp.stages:Stages.reference", "ccexp.stages:_train_reference"),
+                  "ccexp.evaluation.perplexity", "ccexp.training.reference"),
 }
 # the libraries whose numbers reach each stage's output (their versions are in its key)
 STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {

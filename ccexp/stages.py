@@ -9,7 +9,6 @@ sampler trains on.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from ccexp import stage_keys as keys
 from ccexp.artifacts import StageStore
@@ -27,8 +26,7 @@ from ccexp.clustering.kmeans import Clustering, Level
 from ccexp.data.corpus import BUILTIN_PATH, Corpus
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
-from ccexp.errors import CcexpError, Interrupted
-from ccexp.preflight import uses_reference_run
+from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
 
@@ -59,13 +57,22 @@ class Stages:
     :class:`StageResult` (for the run's record), and later stages key on earlier ones' content.
 
     Args:
-        cfg: the run's config.
         store: the stage store under ``paths.cache``.
+        data, embedder, clusterer, model, curate: the run's options of those groups (each stage reads
+            its own: the corpus ``data``, the tokenizer ``model.tokenizer``, ...).
     """
 
-    def __init__(self, cfg: DictConfig, store: StageStore):
-        self.cfg, self.store = cfg, store
+    def __init__(self, store: StageStore, *, data: DictConfig, embedder: DictConfig, clusterer: DictConfig,
+                 model: DictConfig, curate: DictConfig):
+        self.store = store
+        self.data, self.embedder, self.clusterer, self.model_cfg, self.curate = data, embedder, clusterer, model, curate
         self.results: dict[str, StageResult] = {}
+
+    @classmethod
+    def for_config(cls, cfg: DictConfig, store: StageStore) -> "Stages":
+        """The stages of a whole composed config (scripts, benchmarks and tests; the recipe passes the parts)."""
+        return cls(store, data=cfg.data, embedder=cfg.embedder, clusterer=cfg.clusterer, model=cfg.model,
+                   curate=cfg.curate)
 
     def _run(self, stage: str, fp: str, produce, describe) -> StageResult:
         """Reuse ``<stage>/<fp>`` if done, else call ``produce(tmp_dir) -> figures`` and publish it."""
@@ -97,7 +104,7 @@ class Stages:
         """
         from ccexp.data.store import open_corpus, write_corpus
 
-        d = self.cfg.data
+        d = self.data
         src = BUILTIN_PATH if d.path == "builtin" else Path(d.path).expanduser().resolve()
         reader = build(d, "data", path=src)  # raises the one-line "does not exist" error
         fp = keys.stage_fingerprint("corpus", *keys.corpus_key(d, self._digest(src)))
@@ -133,30 +140,31 @@ class Stages:
         from ccexp.embedding.shards import launch_rank
 
         runtime, extra, model = self._embedder_inputs(corpus, pretrained)
-        fp = keys.stage_fingerprint("embed", *keys.embed_key(self.cfg.embedder, self._content(), model))
+        fp = keys.stage_fingerprint("embed", *keys.embed_key(self.embedder, self._content(), model))
         work_dir = self.store.root / "embed" / f".work-{fp}"
         rank, world = launch_rank()
 
         def produce(tmp: Path) -> dict:
             t0 = time.perf_counter()
-            emb, stats = build(self.cfg.embedder, "embedder", **runtime).embed(
-                corpus.texts, tmp / "embeddings.npy", work_dir, rank=rank, world_size=world, **extra)
+            embedder = build(self.embedder, "embedder", **runtime)
+            emb, stats = embedder.embed(corpus.texts, tmp / "embeddings.npy", work_dir, rank=rank, world_size=world,
+                                        **extra)
             secs = time.perf_counter() - t0
             shutil.rmtree(work_dir, ignore_errors=True)  # the array replaces the shards (only the computing run)
             return {"documents": emb.shape[0], "dim": emb.shape[1], "seconds": secs, "docs_per_s": emb.shape[0] / secs,
                     "shards": len(stats["embedded"]) + len(stats["skipped"]), "shards_resumed": len(stats["skipped"]),
-                    "long_documents": stats["long_documents"], "max_seq_length": self.cfg.embedder.max_seq_length,
-                    "long_documents_mode": OmegaConf.select(self.cfg, "embedder.long_documents", default="truncate")}
+                    "long_documents": stats["long_documents"], "max_seq_length": self.embedder.max_seq_length,
+                    "long_documents_mode": embedder.long_documents}
 
         if rank != 0 and not self.store.is_done("embed", fp):  # embed this rank's shards, then wait for rank 0
-            build(self.cfg.embedder, "embedder", **runtime).embed(corpus.texts, work_dir / "unused.npy", work_dir,
+            build(self.embedder, "embedder", **runtime).embed(corpus.texts, work_dir / "unused.npy", work_dir,
                                                                   rank=rank, world_size=world, **extra)
             self.store.wait("embed", fp)
         result = self._run("embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
                            f"{f['docs_per_s']:.0f} docs/s when computed, {f.get('shards', 1)} shards"
                            + (f" ({f['shards_resumed']} resumed)" if f.get("shards_resumed") else ""))
         long, mode = result.figures.get("long_documents", 0), result.figures.get("long_documents_mode", "truncate")
-        if long and "long_documents" not in self.cfg.embedder:  # the gradient proxy reads the first tokens
+        if long and mode == "first_tokens":  # the gradient proxy reads the first tokens
             log.info("embed: %s documents are longer than embedder.max_seq_length=%d tokens; their first tokens were "
                      "read", f"{long:,}", result.figures["max_seq_length"])
         elif long and mode == "truncate":
@@ -174,28 +182,24 @@ class Stages:
         ``embedder.model=model``), its ``embed`` arguments (instruction boundaries), and the model its
         vectors come from, for the stage's key: the model stage's fingerprint, or the digest of the
         embedding model folder's bytes."""
-        import inspect
+        from ccexp.config import component
+        from ccexp.model_source import is_gguf, resolve_pretrained
 
-        from hydra.utils import get_method
-
-        from ccexp.training.pretrained import is_gguf, resolve_pretrained
-
-        target = get_method(self.cfg.embedder._target_)
+        declared = component("embedder", self.embedder)
         runtime, model = {}, None
-        spec = OmegaConf.select(self.cfg, "embedder.model", default="model")
-        if "pretrained" in inspect.signature(target).parameters:
-            runtime["pretrained"] = pretrained if spec == "model" else resolve_pretrained(spec)
+        spec, own = self.embedder.model, declared.uses_run_model(self.embedder)
+        if "pretrained" in declared.needs:
+            runtime["pretrained"] = pretrained if own else resolve_pretrained(spec)
             if is_gguf(runtime["pretrained"] or ""):
                 raise CcexpError(f"embedder.model={spec!r} is a GGUF file; make it the run's model.pretrained and "
                                  "set embedder.model=model (its converted folder is used)")
             model = (self.results["model"].fingerprint if "model" in self.results else
-                     self._model_digest(pretrained)) if spec == "model" else self._model_digest(runtime["pretrained"])
+                     self._model_digest(pretrained)) if own else self._model_digest(runtime["pretrained"])
         else:
             from ccexp.embedding.sentence import resolve_model_path
 
             model = self._digest(resolve_model_path(spec))
-        extra = ({"prompt_chars": corpus.prompt_chars} if "prompt_chars" in inspect.signature(target.embed).parameters
-                 else {})
+        extra = {"prompt_chars": corpus.prompt_chars} if "prompt_chars" in declared.needs else {}
         return runtime, extra, model
 
     def _model_digest(self, source: str | None) -> str | None:
@@ -213,14 +217,18 @@ class Stages:
     def cluster(self, corpus: Corpus, embeddings: Embeddings) -> Clustering:
         """k-means on the training documents' embeddings; every level's labels for every document, and
         the cluster report (``report/``: sizes plot, nearest documents, imbalance and label agreement)."""
-        fp = keys.stage_fingerprint("cluster", *keys.cluster_key(self.cfg.clusterer, self.results["embed"].fingerprint,
+        fp = keys.stage_fingerprint("cluster", *keys.cluster_key(self.clusterer, self.results["embed"].fingerprint,
                                                                   self._content(), self._labels()))
 
         def produce(tmp: Path) -> dict:
             from ccexp.clustering.report import write_cluster_report
 
-            clusterer = build(self.cfg.clusterer, "clusterer")
-            extra = {"label_values": corpus.labels} if "label_field" in self.cfg.clusterer else {}
+            clusterer = build(self.clusterer, "clusterer")
+            from ccexp.config import component
+
+            declared = component("clusterer", self.clusterer)
+            extra = {"label_values": corpus.labels} if "label_values" in declared.needs else {}
+            seed = declared.partition_seed(self.clusterer)
             result = clusterer.fit(embeddings.vectors, ~corpus.heldout, **extra)
             for depth, level in enumerate(result.levels):
                 for name in _LEVEL_ARRAYS:
@@ -230,8 +238,8 @@ class Stages:
             report = write_cluster_report(tmp / "report", labels=finest.labels, sizes=finest.sizes,
                                           similarity=finest.similarity, texts=corpus.texts, label_values=corpus.labels,
                                           train_mask=~corpus.heldout,
-                                          title=f"{self.cfg.data.name} / {self.cfg.clusterer.name} seed "
-                                          f"{OmegaConf.select(self.cfg, 'clusterer.seed', default='-')}")
+                                          title=f"{self.data.name} / {self.clusterer.name} seed "
+                                          f"{'-' if seed is None else seed}")
             return {"levels": [lv.k for lv in result.levels], "train_points": result.train_points,
                     "objective": result.objective, "largest": int(finest.sizes.max()),
                     "smallest": int(finest.sizes.min()), "empty": int((finest.sizes == 0).sum()), "report": report}
@@ -252,7 +260,7 @@ class Stages:
         Raises:
             CcexpError: for an invalid threshold or ``keep``, or non-finite embeddings.
         """
-        d = self.cfg.curate.dedup
+        d = self.curate.dedup
         if not d.enabled:
             return None
         fp = keys.stage_fingerprint("dedup", *keys.dedup_key(d, self.results["cluster"].fingerprint, self._labels()))
@@ -308,9 +316,11 @@ class Stages:
         Raises:
             CcexpError: for a missing package or file, or a GGUF file that cannot be converted.
         """
-        from ccexp.training.pretrained import convert_gguf, is_gguf, resolve_pretrained
+        from ccexp.model_source import convert_gguf, is_gguf, resolve_pretrained
 
-        spec = OmegaConf.select(self.cfg, "model.pretrained")
+        from ccexp.config import component
+
+        spec = component("model", self.model_cfg).weights_source(self.model_cfg)
         if spec is None:
             return None
         path = resolve_pretrained(spec)
@@ -331,20 +341,20 @@ class Stages:
             CcexpError: for an unknown tokenizer kind, a tokenizer that cannot be loaded, or a
                 ``model.tokenizer.separator`` it does not have.
         """
-        from ccexp.data.tokenize import assemble_tokens, load_tokenizer, separator_id, tokenize_shards
+        from ccexp.data.tokenize import (assemble_tokens, check_tokenizer_kind, load_tokenizer, separator_id,
+                                         tokenize_shards)
         from ccexp.embedding.shards import launch_rank, wait_for_shards
 
-        tcfg = self.cfg.model.tokenizer
+        tcfg = self.model_cfg.tokenizer
         source = tcfg.path or pretrained
-        if tcfg.kind not in ("bpe", "pretrained"):
-            raise CcexpError(f"model.tokenizer.kind={tcfg.kind!r} is not an option; use bpe or pretrained")
+        check_tokenizer_kind(tcfg.kind)
         if tcfg.kind == "pretrained" and not source:
             raise CcexpError("model.tokenizer.kind=pretrained needs model.pretrained or model.tokenizer.path")
         model = self.results["model"].fingerprint if "model" in self.results else None
         fp = keys.stage_fingerprint("tokenize", *keys.tokenize_key(
             tcfg, self._content(), model, self._model_digest(source) if tcfg.kind == "pretrained" else None))
 
-        shard_documents = int(self.cfg.data.shard_documents)
+        shard_documents = int(self.data.shard_documents)
         work_dir = self.store.root / "tokenize" / f".work-{fp}-s{shard_documents}"  # shards of this size only
         rank, world = launch_rank()
 
@@ -377,7 +387,7 @@ class Stages:
         ``work_dir/tokenizer`` once — a resumed run reuses it, other ranks wait for ``tokenizer.done``."""
         from ccexp.data.tokenize import load_tokenizer, train_bpe_tokenizer
 
-        tcfg = self.cfg.model.tokenizer
+        tcfg = self.model_cfg.tokenizer
         if (work_dir / "tokenizer.done").is_file():
             return load_tokenizer(work_dir / "tokenizer")
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -392,38 +402,15 @@ class Stages:
         (work_dir / "tokenizer.done").write_text("ok\n")
         return tok
 
-    # -- reference (DoReMi) ---------------------------------------------------------------------
-    def reference(self, split: TrainSplit, tokenized: TokenizedCorpus, pretrained: str | None = None) -> np.ndarray | None:
-        """DoReMi's per-cluster reference losses (float64[K], nats/token) when ``sampler.rule=doremi`` and
-        ``sampler.reference_losses=auto``; None otherwise (the sampler reads a given list or file itself).
+    # -- for training steps the recipe calls (DoReMi's reference run) --------------------------------
+    def cached(self, stage: str, fp: str, produce, describe) -> StageResult:
+        """A stage that another step computes (``produce(tmp_dir) -> figures``), kept under ``<cache>/<stage>/<fp>``
+        like the preprocessing stages: reused when done, published whole, locked against concurrent runs."""
+        return self._run(stage, fp, produce, describe)
 
-        The reference model is the run's model trained from the same start for ``sampler.reference_steps``
-        optimizer steps of the same token budget with ``sampler=random`` (the natural mix: DoReMi's
-        reference, Xie et al. 2023, Sec. 2, trained on the default domain weights), on one device; it is
-        then scored on up to ``sampler.reference_documents`` training documents of every cluster (a fixed
-        sample), its loss per cluster being the token-weighted mean. Cached as ``<cache>/reference/<fp>``,
-        so a sweep over DoReMi's settings trains it once. The global random state is restored afterwards,
-        so the run's own model starts the same whether the reference was computed or reused.
-
-        Raises:
-            CcexpError: from training (e.g. a non-finite loss).
-        """
-        if not uses_reference_run(self.cfg):
-            return None
-        steps = int(self.cfg.sampler.reference_steps)
-        # the documents it trains on and their clusters (after dedup and selection), not only the stages' keys
-        split_digest = hashlib.sha256(np.ascontiguousarray(split.train_docs, dtype=np.int64).tobytes()
-                                      + np.ascontiguousarray(split.labels[split.train_docs], dtype=np.int64).tobytes())
-        upstream = {name: r.fingerprint for name, r in self.results.items() if name in ("corpus", "cluster", "tokenize",
-                                                                                       "model")}
-        fp = keys.stage_fingerprint("reference", *keys.reference_key(self.cfg, upstream, self._model_digest(pretrained),
-                                                                      split_digest.hexdigest()))
-        result = self._run("reference", fp, lambda tmp: _train_reference(self.cfg, steps, split, tokenized,
-                                                                         pretrained, tmp),
-                           lambda f: f"a {f['steps']}-step sampler=random model scored on {f['documents']:,} "
-                           f"training docs: loss {f['loss_min']:.2f}..{f['loss_max']:.2f} nats/token over "
-                           f"{f['clusters']} clusters")
-        return np.load(result.path / "reference_losses.npy")
+    def model_digest(self, source: str | None) -> str | None:
+        """The bytes of a local model folder or cached Hugging Face snapshot (None for no model)."""
+        return self._model_digest(source)
 
 
 def _log_labels(figures: dict) -> None:
@@ -437,63 +424,6 @@ def _log_labels(figures: dict) -> None:
     log.info("labels: none%s", "" if not hint else "; the records carry " + ", ".join(
         f"{field!r} ({n} values, e.g. {', '.join(map(repr, examples))})" for field, n, examples in hint)
         + f": data.label_fields=[{hint[0][0]}] gives held-out perplexity and exposure per {hint[0][0]}")
-
-
-def _train_reference(cfg: DictConfig, steps: int, split: TrainSplit, tokenized: TokenizedCorpus,
-                     pretrained: str | None, tmp: Path) -> dict:
-    """Train and score :meth:`Stages.reference`'s model into ``tmp``; its figures."""
-    import random
-
-    import torch
-
-    from ccexp.config import RandomConfig
-    from ccexp.evaluation.perplexity import document_nll
-    from ccexp.training import runner
-
-    ref = cfg.copy()
-    with open_dict(ref):
-        ref.sampler = OmegaConf.structured(RandomConfig(name="random", level=cfg.sampler.level,
-                                                        seed=int(cfg.sampler.seed)))
-        ref.train.steps, ref.train.resume_from, ref.train.checkpoint_every_n_steps = steps, None, None
-        ref.train.record_batches, ref.eval.every_n_steps = False, None
-        ref.trainer.devices, ref.trainer.num_nodes, ref.trainer.strategy = 1, 1, "auto"
-    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    try:
-        log.info("reference: training the DoReMi reference model, %d steps with sampler=random", steps)
-        sampler = runner.build_sampler(ref, split, tokenized)
-        stream = runner.build_token_stream(ref, sampler, split, tokenized)
-        try:
-            fit = runner.fit(ref, tmp / "run", None, stream, runner.build_model(ref, tokenized, pretrained), tokenized,
-                             split, {}, signature={})
-        except Interrupted as e:  # its checkpoint lives in the discarded stage folder: nothing to resume from
-            raise Interrupted(e.signum, f"stopped by {e.name} while training DoReMi's reference model (the reference "
-                              "stage is not kept; the next run trains it again)") from None
-        rng = np.random.default_rng([int(cfg.sampler.seed), 0x5245])  # "RE": the same sample for every DoReMi setting
-        docs = rng.permutation(split.train_docs)
-        clusters = split.labels[docs]
-        order = np.argsort(clusters, kind="stable")  # each cluster's first documents of the permutation
-        rank = np.arange(docs.size) - np.searchsorted(clusters[order], clusters[order])
-        sample = np.sort(docs[order][rank < int(cfg.sampler.reference_documents)])
-        tok = tokenized.tokenizer
-        nll, ntok = document_nll(fit.model, tokenized.tokens, tokenized.offsets, sample, eos_id=tokenized.separator_id,
-                                 pad_id=tok.pad_token_id, max_tokens=cfg.eval.max_tokens,
-                                 batch_size=cfg.eval.batch_size, prompt_tokens=tokenized.prompt_tokens,
-                                 device=next(fit.model.parameters()).device)
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-    k = split.num_clusters
-    loss_sum = np.bincount(split.labels[sample], weights=nll, minlength=k)
-    token_sum = np.bincount(split.labels[sample], weights=ntok, minlength=k)
-    scored = token_sum > 0
-    losses = np.full(k, float(loss_sum.sum() / max(token_sum.sum(), 1)))  # clusters without training docs
-    losses[scored] = loss_sum[scored] / token_sum[scored]
-    np.save(tmp / "reference_losses.npy", losses)
-    shutil.rmtree(tmp / "run", ignore_errors=True)  # its checkpoints: the losses are the stage's output
-    return {"steps": steps, "documents": int(sample.size), "tokens": int(token_sum.sum()), "clusters": int(scored.sum()),
-            "loss_min": float(losses[scored].min()), "loss_max": float(losses[scored].max()),
-            "train_seconds": fit.seconds}
 
 
 def train_split(corpus: Corpus, clustering: Clustering, level: int, selected: np.ndarray | None = None) -> TrainSplit:
@@ -510,20 +440,21 @@ def train_split(corpus: Corpus, clustering: Clustering, level: int, selected: np
                       np.bincount(lv.labels[train_docs], minlength=lv.k).astype(np.int64))
 
 
-def select(cfg: DictConfig, corpus: Corpus, clustering: Clustering, kept: np.ndarray | None = None) -> np.ndarray | None:
+def select(selection: DictConfig, corpus: Corpus, clustering: Clustering,
+           kept: np.ndarray | None = None) -> np.ndarray | None:
     """The balanced selection step (``selection.target``; :mod:`ccexp.clustering.selection`) over the
     training documents that curation ``kept`` (bool[N]; None: all): bool[N], the training documents
     kept, or None to keep them all."""
-    if cfg.selection.target is None:
+    if selection.target is None:
         return kept
     from ccexp.clustering.selection import balanced_selection
 
     pool = ~corpus.heldout if kept is None else ~corpus.heldout & kept
-    if cfg.selection.target >= int(pool.sum()):
+    if selection.target >= int(pool.sum()):
         log.warning("select: selection.target=%d but only %s training documents are left%s; all are kept",
-                    cfg.selection.target, f"{int(pool.sum()):,}", " after dedup" if kept is not None else "")
-    selected = balanced_selection(clustering.levels, pool, cfg.selection.target,
-                                  strategy=cfg.selection.strategy, seed=int(cfg.selection.seed))
+                    selection.target, f"{int(pool.sum()):,}", " after dedup" if kept is not None else "")
+    selected = balanced_selection(clustering.levels, pool, selection.target,
+                                  strategy=selection.strategy, seed=int(selection.seed))
     log.log(logging.WARNING if selected.sum() < pool.sum() / 2 else logging.INFO,
             "select: %s of %s training documents kept, balanced over the %s clusters of %d level(s)%s",
             f"{int(selected.sum()):,}", f"{int(pool.sum()):,}", "/".join(str(lv.k) for lv in clustering.levels),

@@ -77,12 +77,12 @@ class Scorer:
         from ccexp.training import runner
 
         self.cfg = cfg = OmegaConf.load(job_dir / "resolved_config.yaml")
-        stage = stages.Stages(cfg, StageStore(Path(cfg.paths.cache).resolve()))
+        stage = stages.Stages.for_config(cfg, StageStore(Path(cfg.paths.cache).resolve()))
         corpus = stage.corpus()
         clustering = stage.cluster(corpus, stage.embed(corpus))
         self.tokenized = stage.tokenize(corpus)
         self.split = stages.train_split(corpus, clustering, cfg.sampler.level)
-        self.model = runner.build_model(cfg, self.tokenized)
+        self.model = runner.build_model(cfg.model, cfg.trainer, self.tokenized, init_seed=cfg.train.init_seed)
 
     def nll(self, state: dict) -> tuple[np.ndarray, np.ndarray]:
         """Per held-out document: summed NLL (nats) and tokens, under ``state`` (the model's state dict)."""

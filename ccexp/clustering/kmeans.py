@@ -77,9 +77,7 @@ class Clustering:
         Raises:
             CcexpError: if there is no such level.
         """
-        if not 0 <= level < len(self.levels):
-            raise CcexpError(f"sampler.level={level} but the clustering has {len(self.levels)} level(s) "
-                             f"({[lv.k for lv in self.levels]}); use a level in 0..{len(self.levels) - 1}")
+        check_level(level, [lv.k for lv in self.levels])
         return self.levels[level]
 
 
@@ -223,6 +221,13 @@ def training_sample(train_idx: np.ndarray, size: int, seed: int) -> np.ndarray:
     if train_idx.size <= size:
         return train_idx
     return np.sort(np.random.default_rng(seed).choice(train_idx, size, replace=False))
+
+
+def check_level(level: int, counts: list[int], source: str = "the clustering") -> None:
+    """Raises CcexpError unless ``level`` indexes ``counts`` (clusters per level, finest first, of ``source``)."""
+    if not 0 <= level < len(counts):
+        raise CcexpError(f"sampler.level={level} but {source} has {len(counts)} level(s) {list(counts)}; "
+                         f"use a level in 0..{len(counts) - 1}")
 
 
 def check_k(k: int, train_docs: int, key: str = "clusterer.k") -> None:

@@ -48,6 +48,12 @@ def water_fill(sizes: np.ndarray, target: int, rng: np.random.Generator) -> np.n
     return out
 
 
+def check_strategy(strategy: str) -> None:
+    """Raises CcexpError unless ``strategy`` is ``random`` or ``closest``."""
+    if strategy not in ("random", "closest"):
+        raise CcexpError(f"selection.strategy={strategy!r} is not an option; use random or closest")
+
+
 def balanced_selection(levels: list, train_mask: np.ndarray, target: int, *, strategy: str = "random",
                        seed: int = 0) -> np.ndarray:
     """Hierarchical balanced sampling to ``target`` training documents (Vo et al. §3.2).
@@ -67,8 +73,7 @@ def balanced_selection(levels: list, train_mask: np.ndarray, target: int, *, str
     Raises:
         CcexpError: for an unknown strategy or a target below 1.
     """
-    if strategy not in ("random", "closest"):
-        raise CcexpError(f"selection.strategy={strategy!r} is not an option; use random or closest")
+    check_strategy(strategy)
     if int(target) < 1:
         raise CcexpError(f"selection.target must be >= 1, got {target}")
     rng = np.random.default_rng(seed)

@@ -448,7 +448,7 @@ def id_hash(ids: Sequence[str], salt: str) -> np.ndarray:
 def check_heldout_fraction(fraction: float) -> None:
     """Raises CcexpError unless ``fraction`` is in (0, 1)."""
     if not 0.0 < fraction < 1.0:
-        raise CcexpError(f"data.heldout_fraction must be in (0, 1), got {fraction}")
+        raise CcexpError(f"data.heldout_fraction={fraction} must be in (0, 1)")
 
 
 def check_split(held: int, documents: int, fraction: float) -> None:

@@ -42,6 +42,12 @@ class TokenizedCorpus:
 PIECE_CHARS = 1 << 16  # a text longer than this is tokenized in pieces (memory: a piece's encodings)
 
 
+def check_tokenizer_kind(kind: str) -> None:
+    """Raises CcexpError unless ``kind`` (``model.tokenizer.kind``) is ``bpe`` or ``pretrained``."""
+    if kind not in ("bpe", "pretrained"):
+        raise CcexpError(f"model.tokenizer.kind={kind!r} is not an option; use bpe or pretrained")
+
+
 def text_pieces(text: str, limit: int = PIECE_CHARS) -> list[str]:
     """``text`` cut into pieces of at most about ``limit`` characters, each cut just before a single space
     between two words — where a byte-level pre-tokenizer splits anyway — so that tokenizing the pieces

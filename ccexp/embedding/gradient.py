@@ -42,6 +42,8 @@ class GradientProxyEmbedder:
         CcexpError: for a setting out of range, or ``model=model`` in a run without a pretrained model.
     """
 
+    long_documents = "first_tokens"  # a document longer than max_seq_length tokens is read from its beginning
+
     def __init__(self, model: str = "model", batch_size: int = 16, max_seq_length: int = 512, device: str = "auto",
                  shard_size: int = 256, dtype: str = "float32", pretrained: str | None = None):
         for key, value in (("batch_size", batch_size), ("max_seq_length", max_seq_length), ("shard_size", shard_size)):

@@ -277,8 +277,7 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
     table = write_cluster_table(run_dir / "tables" / "clusters.csv", sizes=sizes, exposure=sampler.exposure(),
                                 loss_sum=module.cluster_loss_sum.cpu().numpy(),
                                 loss_tokens=module.cluster_tokens.cpu().numpy(), per_cluster=result.per_cluster,
-                                average_weights=sampler.average_weights() if hasattr(sampler, "average_weights")
-                                else None)
+                                average_weights=sampler.average_weights())
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
     if result.per_document is not None:
         files.append((write_document_table(run_dir / "tables" / "heldout_documents.csv", result.per_document), "tables"))

@@ -134,6 +134,16 @@ class Sampler(ABC):
         """float64[K] per-cluster multipliers of the training loss, or None (all 1)."""
         return None
 
+    def average_weights(self) -> np.ndarray | None:
+        """float64[K] the sampling weights averaged over training (a learned mixture), for policies that
+        learn them (else None)."""
+        return None
+
+    def notes(self) -> list[tuple[int, str]]:
+        """What the run's log should say about this policy once it is built over the training documents:
+        ``(logging level, line)`` pairs (none here)."""
+        return []
+
     def exposure(self) -> np.ndarray:
         """int64[K]: documents drawn from each cluster so far."""
         return self._exposure.copy()

@@ -19,6 +19,7 @@ The gradient-proxy embedding and the size-capped clustering (K = world size) are
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,16 @@ class ClusterDPSampler(Sampler):
         self.keep, self.layout = keep, layout
         self._kept = self._reduce(similarity)  # int[k, m]
         self._pass_key = np.uint64(derive_keys(self.seed, _DP_STREAM))
+
+    def notes(self) -> list[tuple[int, str]]:
+        """The reduction's size, and a warning when one cluster leaves CluSTER nothing to balance."""
+        kept = self.kept_size * self.num_lanes
+        out = [(logging.INFO, f"cluster_dp: every cluster keeps {self.kept_size:,} documents ({kept:,} of "
+                              f"{self.labels.size:,} training documents, keep={self.keep})")]
+        if self.num_lanes == 1:
+            out.append((logging.WARNING, f"cluster_dp: one cluster (K = {self.sizes.size}), so CluSTER balances "
+                        "nothing; K defaults to the world size (+recipe=cluster_sft): set clusterer.k or use more devices"))
+        return out
 
     def _reduce(self, similarity: np.ndarray | None) -> np.ndarray:
         if self.keep == "random":

@@ -21,7 +21,7 @@ Rules (``K`` = non-empty clusters, ``t`` = optimizer steps since the warm-up end
   never observed take the mean ``R``.
 * ``doremi`` — DoReMi's excess-loss update, Xie et al., arXiv 2305.10429, Alg. 1, with a
   reference model's per-cluster loss ``L_ref`` (``reference_losses``; by default the ``reference``
-  stage's, a short ``sampler=random`` run on the same data, :meth:`ccexp.stages.Stages.reference`):
+  stage's, a short ``sampler=random`` run on the same data, :func:`ccexp.training.reference.reference_losses`):
   ``log w ← log w + η_t · max(L_c − L_ref,c, 0)``, ``π = (1-ε) softmax(log w) + ε/K``, with DoReMi's
   ``η = 1``, ``ε = 1e-3`` taken per token of evidence: ``η_t = η · (n_t / K) / eta_tokens``, ``n_t`` the
   update's tokens, ``eta_tokens`` = 2^19 / 22 = 23,831 the tokens per domain of one DoReMi step (a

@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from ccexp.names import metric_keys, run_name
+
 log = logging.getLogger("ccexp")
 PARENT_ENV = "CCEXP_PARENT_RUN_ID"  # set by a sweep's parent run (ccexp.tracking.sweep) for its jobs
 
@@ -41,26 +43,6 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
 
     walk(container, prefix)
     return out
-
-
-def run_name(cfg: DictConfig) -> str:
-    """A readable run name that starts with what usually differs inside a sweep,
-    ``<sampler>-k<K>[l<level>]-s<seed>-<config hash>`` (the corpus, model and recipe are run tags),
-    never MLflow's random one. The 4-hex-digit hash of the resolved config (paths and
-    ``train.resume_from`` excluded) tells apart runs that differ in any other setting; reruns of one
-    config share it."""
-    import hashlib
-    import json
-
-    container = OmegaConf.to_container(cfg, resolve=True)
-    container.pop("paths", None)
-    container.get("train", {}).pop("resume_from", None)
-    digest = hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:4]
-    from ccexp.preflight import cluster_count
-
-    level = f"l{cfg.sampler.level}" if cfg.sampler.level else ""
-    groups = (f"by-{cfg.clusterer.label_field}" if "label_field" in cfg.clusterer else f"k{cluster_count(cfg)}{level}")
-    return f"{cfg.sampler.name}-{groups}-s{cfg.seed}-{digest}"
 
 
 def open_store(uri: str):
@@ -174,7 +156,8 @@ class RunRecord:
 
     Args:
         cfg: the run's config; outputs: the absolute ``paths.outputs``; run_dir: the run's folder;
-            tags: extra run tags; continue_run: the MLflow run id of the checkpoint being resumed, if any.
+            tags: run tags besides the sampler, model, data, recipe and run folder; continue_run: the MLflow
+            run id of the checkpoint being resumed, if any.
     """
 
     def __init__(self, cfg: DictConfig, outputs: Path, run_dir: Path | None = None, tags: dict[str, str] | None = None,
@@ -191,7 +174,8 @@ class RunRecord:
         os.environ.pop("MLFLOW_RUN_ID", None)  # a stale id in the environment would hijack the run
         self.client = open_store(self.uri)
         ensure_experiment(self.client, cfg.logger.experiment, artifacts)
-        tags = dict(tags or {})
+        tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name,
+                "recipe": cfg.recipe_name or "none", **({"run_dir": str(run_dir)} if run_dir else {}), **(tags or {})}
         if os.environ.get(PARENT_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
         previous = self._continuable(continue_run)
@@ -301,23 +285,11 @@ class RunRecord:
         self.client.set_tag(self.logger.run_id, "fingerprints",
                             ",".join(f"{name}={r.fingerprint}" for name, r in results.items()))
 
-    def finish(self) -> None:
+    def finish(self, tags: dict[str, str] | None = None) -> None:
+        """Set ``tags`` on the run and mark it FINISHED."""
+        for key, value in (tags or {}).items():
+            self.set_tag(key, value)
         if self.logger is not None:
             self.client.set_terminated(self.logger.run_id, "FINISHED")
 
 
-def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
-    """Make metric names MLflow-safe, part by part between the ``/``: characters outside
-    ``[A-Za-z0-9_.- ]`` become ``_``, an empty or dot-only part becomes ``_empty_`` (MLflow refuses
-    ``//`` and ``..``), and names that collide after that get a short hash of the original."""
-    import hashlib
-    import re
-
-    out: dict[str, float] = {}
-    for name, value in metrics.items():
-        parts = [re.sub(r"[^A-Za-z0-9_.\- ]", "_", part).strip() for part in name.split("/")]
-        safe = "/".join(p if p.strip(".") else "_empty_" for p in parts)
-        if safe != name and (safe in out or safe in metrics):
-            safe = f"{safe}_{hashlib.sha256(name.encode()).hexdigest()[:6]}"
-        out[safe] = value
-    return out

@@ -122,7 +122,7 @@ class HeldoutCurve(Callback):
         log.info("curve: step %d, %s tokens: held-out sample ppl %.2f, macro %.2f, worst %.2f", trainer.global_step,
                  f"{tokens:,}", metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"])
         if trainer.logger is not None:
-            from ccexp.tracking.mlflow_run import metric_keys
+            from ccexp.names import metric_keys
 
             trainer.logger.log_metrics(metric_keys({f"curve/{k}": v for k, v in metrics.items()}), step=tokens)
 

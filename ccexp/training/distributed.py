@@ -39,8 +39,9 @@ def global_rank(devices_per_node: int = 1) -> int:
     return 0
 
 
-def uses_fsdp(cfg: DictConfig) -> bool:
-    return str(cfg.trainer.strategy).startswith("fsdp")
+def uses_fsdp(trainer: DictConfig) -> bool:
+    """True when the ``trainer`` option's strategy is FSDP."""
+    return str(trainer.strategy).startswith("fsdp")
 
 
 def layer_classes(model: torch.nn.Module) -> set[type]:
@@ -59,13 +60,13 @@ def layer_classes(model: torch.nn.Module) -> set[type]:
     return classes
 
 
-def fsdp_strategy(cfg: DictConfig, model: torch.nn.Module):
+def fsdp_strategy(trainer: DictConfig, model: torch.nn.Module):
     """Lightning's ``FSDPStrategy`` from ``trainer.fsdp``: auto-wrap and activation checkpointing by the
     model's decoder layer class, the sharding strategy, sharded checkpoints, and — when ``load_weights``
     is ``rank0`` — ``sync_module_states`` with meta-device materialisation on the other ranks."""
     from lightning.pytorch.strategies import FSDPStrategy
 
-    f = cfg.trainer.fsdp
+    f = trainer.fsdp
     classes = layer_classes(model) if f.auto_wrap == "decoder_layer" else None
     kwargs = {}
     if f.load_weights == "rank0":

@@ -6,7 +6,6 @@ steps of ``train.tokens_per_step`` tokens and returns a :class:`FitResult`.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -15,12 +14,12 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from hydra.utils import get_method
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig
 
 from ccexp.build import build
+from ccexp.config import component
 from ccexp.data.packing import TokenStream, stream_lengths
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
@@ -34,40 +33,35 @@ from ccexp.training.module import CausalLMModule
 log = logging.getLogger("ccexp")
 
 
-def build_sampler(cfg: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus,
+def build_sampler(sampler: DictConfig, train: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus,
                   reference_losses: np.ndarray | None = None) -> Sampler:
-    """The configured policy over the training documents (:func:`sampler_over`); ``reference_losses``
-    (float64[K], the ``reference`` stage's) replaces DoReMi's ``sampler.reference_losses=auto``."""
+    """The ``sampler`` option over the training documents with ``train``'s token budget (:func:`sampler_over`);
+    ``reference_losses`` (float64[K], DoReMi's reference run's) replaces ``sampler.reference_losses=auto``."""
     options = {} if reference_losses is None else {"reference_losses": reference_losses}
-    return sampler_over(cfg, split.labels[split.train_docs], split.sizes, tokenized.lengths(split.train_docs),
-                        split.similarity[split.train_docs], **options)
+    built = sampler_over(sampler, train, split.labels[split.train_docs], split.sizes,
+                         tokenized.lengths(split.train_docs), split.similarity[split.train_docs], **options)
+    for level, line in built.notes():
+        log.log(level, "%s", line)
+    return built
 
 
-def sampler_over(cfg: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
+def sampler_over(sampler: DictConfig, train: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
                  similarity: np.ndarray | None = None, **options) -> Sampler:
-    """The configured policy over documents with cluster ``labels`` (int[N]) of ``sizes`` (int64[K]) and
-    ``lengths`` tokens (int64[N]), with blocks of about one step's documents and the run's token budget
+    """The ``sampler`` option over documents with cluster ``labels`` (int[N]) of ``sizes`` (int64[K]) and
+    ``lengths`` tokens (int64[N]), with blocks of about one step's documents and ``train``'s token budget
     (so a clipping policy can refuse a budget it cannot supply); ``similarity`` (float[N], cosine to
-    the centroid) for policies that use it (zeros when not given: no document is nearer than another);
-    ``options`` replace the config's values of the same names."""
-    stream_len = stream_lengths(lengths, cfg.train.max_doc_tokens)
-    block = int(np.clip(np.ceil(cfg.train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
+    the centroid) for a policy that declares it needs it (zeros when not given: no document is nearer
+    than another); ``options`` replace the config's values of the same names."""
+    stream_len = stream_lengths(lengths, train.max_doc_tokens)
+    block = int(np.clip(np.ceil(train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
     extra = dict(options)
-    if "similarity" in inspect.signature(get_method(cfg.sampler._target_)).parameters:
+    if "similarity" in component("sampler", sampler).needs:
         extra["similarity"] = np.zeros(labels.size, np.float32) if similarity is None else similarity
-    sampler = build(cfg.sampler, "sampler", labels=labels, sizes=sizes, block_size=block,
-                    document_tokens=stream_len, token_budget=cfg.train.steps * cfg.train.tokens_per_step + 1, **extra)
-    if hasattr(sampler, "kept_size"):  # CluSTER's reduction
-        log.info("cluster_dp: every cluster keeps %s documents (%s of %s training documents, keep=%s)",
-                 f"{sampler.kept_size:,}", f"{sampler.kept_size * sampler.num_lanes:,}", f"{labels.size:,}",
-                 cfg.sampler.keep)
-        if sampler.num_lanes == 1:
-            log.warning("cluster_dp: one cluster (K = %d), so CluSTER balances nothing; K defaults to the world size "
-                        "(+recipe=cluster_sft): set clusterer.k or use more devices", sizes.size)
-    return sampler
+    return build(sampler, "sampler", labels=labels, sizes=sizes, block_size=block, document_tokens=stream_len,
+                 token_budget=train.steps * train.tokens_per_step + 1, **extra)
 
 
-def settle_budget(cfg: DictConfig, tokenized: TokenizedCorpus, train: np.ndarray) -> None:
+def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCorpus, mask: np.ndarray) -> None:
     """Once the corpus is tokenized, before any embedding: ``train.passes`` (the budget in passes over the
     training tokens) becomes ``train.steps``, and a budget the data cannot supply is refused — the
     configured sampler is built over the training documents as one cluster, so its own supply check
@@ -75,33 +69,33 @@ def settle_budget(cfg: DictConfig, tokenized: TokenizedCorpus, train: np.ndarray
     not after the embedding; the exact check with the clusters still comes with the run's sampler.
 
     Args:
-        train: bool[N], the training documents.
+        train: the ``train`` settings (``train.steps`` is set here from ``train.passes``).
+        sampler: the ``sampler`` option.
+        mask: bool[N], the training documents.
 
     Raises:
         CcexpError: when the budget is more than the sampler can supply.
     """
-    from omegaconf import open_dict
-
-    docs = np.flatnonzero(train)
+    docs = np.flatnonzero(mask)
     lengths = tokenized.lengths(docs)
-    if cfg.train.passes is not None:
-        total = int(stream_lengths(lengths, cfg.train.max_doc_tokens).sum())
-        steps = max(1, int(np.ceil(float(cfg.train.passes) * total / int(cfg.train.tokens_per_step))))
-        capped = cfg.train.max_steps is not None and steps > int(cfg.train.max_steps)
-        steps = int(cfg.train.max_steps) if capped else steps
-        with open_dict(cfg):
-            cfg.train.steps = steps
+    if train.passes is not None:
+        total = int(stream_lengths(lengths, train.max_doc_tokens).sum())
+        steps = max(1, int(np.ceil(float(train.passes) * total / int(train.tokens_per_step))))
+        capped = train.max_steps is not None and steps > int(train.max_steps)
+        steps = int(train.max_steps) if capped else steps
+        train.steps = steps
         log.info("train: train.passes=%g over the %s tokens of %s training documents is %s steps of %s tokens%s",
-                 float(cfg.train.passes), f"{total:,}", f"{docs.size:,}", f"{steps:,}", f"{cfg.train.tokens_per_step:,}",
-                 f" (capped by train.max_steps: {steps * int(cfg.train.tokens_per_step) / total:.2f} passes)"
+                 float(train.passes), f"{total:,}", f"{docs.size:,}", f"{steps:,}", f"{train.tokens_per_step:,}",
+                 f" (capped by train.max_steps: {steps * int(train.tokens_per_step) / total:.2f} passes)"
                  if capped else "")
-    options = {"reference_losses": np.zeros(1)} if "reference_losses" in cfg.sampler else {}
-    sampler_over(cfg, np.zeros(docs.size, dtype=np.int32), np.array([docs.size], dtype=np.int64), lengths, **options)
+    options = {"reference_losses": np.zeros(1)} if component("sampler", sampler).reference_run(sampler) else {}
+    sampler_over(sampler, train, np.zeros(docs.size, dtype=np.int32), np.array([docs.size], dtype=np.int64), lengths,
+                 **options)
 
 
-def build_token_stream(cfg: DictConfig, sampler: Sampler, split: TrainSplit, tokenized: TokenizedCorpus) -> TokenStream:
-    """The global token stream of ``sampler``'s documents; logs the run's token budget."""
-    t = cfg.train
+def build_token_stream(train: DictConfig, sampler: Sampler, split: TrainSplit, tokenized: TokenizedCorpus) -> TokenStream:
+    """The global token stream of ``sampler``'s documents in rows of ``train.seq_len``; logs the run's token budget."""
+    t = train
     stream = TokenStream(sampler, tokenized.lengths(split.train_docs), seq_len=t.seq_len,
                          rows_per_step=t.tokens_per_step // t.seq_len, max_doc_tokens=t.max_doc_tokens)
     budget, split_tokens = t.steps * t.tokens_per_step, int(stream.stream_len.sum())
@@ -112,19 +106,21 @@ def build_token_stream(cfg: DictConfig, sampler: Sampler, split: TrainSplit, tok
     return stream
 
 
-def build_model(cfg: DictConfig, tokenized: TokenizedCorpus, pretrained: str | None = None) -> torch.nn.Module:
-    """``model._target_`` with the tokenizer's vocabulary and separator (``pretrained``: the model's local
-    source from :meth:`ccexp.stages.Stages.model`, e.g. the folder a GGUF file was converted into)."""
+def build_model(model: DictConfig, trainer: DictConfig, tokenized: TokenizedCorpus, pretrained: str | None = None, *,
+                init_seed: int) -> torch.nn.Module:
+    """The ``model`` option with the tokenizer's vocabulary and separator, initialised from ``init_seed``
+    (``pretrained``: the model's local source from :meth:`ccexp.stages.Stages.model`, e.g. the folder a
+    GGUF file was converted into; under ``trainer``'s FSDP only rank 0 reads it)."""
     from ccexp.config import world_size
     from ccexp.training.distributed import global_rank, uses_fsdp
 
-    torch.manual_seed(int(cfg.train.init_seed))  # the initialisation depends on train.init_seed alone, not on
+    torch.manual_seed(int(init_seed))  # the initialisation depends on train.init_seed alone, not on
     # what the stages before it drew (a stage computed in this run, or reused from the cache)
     extra = {"pretrained": pretrained} if pretrained is not None else {}
-    if pretrained is not None and uses_fsdp(cfg) and cfg.trainer.fsdp.load_weights == "rank0" and global_rank(
-            world_size(cfg.trainer.devices, 1, cfg.trainer.accelerator)) != 0:
+    if pretrained is not None and uses_fsdp(trainer) and trainer.fsdp.load_weights == "rank0" and global_rank(
+            world_size(trainer.devices, 1, trainer.accelerator)) != 0:
         extra["empty"] = True  # the weights come from rank 0 (FSDP sync_module_states)
-    return build(cfg.model, "model", vocab_size=len(tokenized.tokenizer), eos_id=tokenized.separator_id, **extra)
+    return build(model, "model", vocab_size=len(tokenized.tokenizer), eos_id=tokenized.separator_id, **extra)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -153,7 +149,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callba
     ``trainer.fsdp`` around ``model`` (its sharded checkpoints are folders it writes itself)."""
     from ccexp.training.distributed import fsdp_strategy, uses_fsdp
 
-    extra = {"strategy": fsdp_strategy(cfg, model)} if uses_fsdp(cfg) and model is not None else \
+    extra = {"strategy": fsdp_strategy(cfg.trainer, model)} if uses_fsdp(cfg.trainer) and model is not None else \
         {"plugins": [AtomicCheckpointIO()]}
     if cfg.trainer.accelerator == "cpu" and cfg.trainer.threads:
         torch.set_num_threads(int(cfg.trainer.threads))

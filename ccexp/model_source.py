@@ -85,3 +85,40 @@ def convert_gguf(gguf_path: str | Path, out_dir: Path) -> dict:
     return {"parameters": sum(p.numel() for p in model.parameters()), "architecture": type(model).__name__,
             "vocab_size": len(tok), "context": getattr(config, "max_position_embeddings", None),
             "source": str(gguf_path)}
+
+
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def require_local_model(name: str, key: str, *, causal_lm: bool = False, tokenizer: bool = False) -> None:
+    """A local folder, a GGUF file (also ``pkg:<package>/<file>``), or a model id already in the local
+    Hugging Face cache; else one-line error. A local folder must hold weights (and, with ``tokenizer``,
+    a tokenizer), and with ``causal_lm`` its ``config.json`` must not name a non-causal architecture."""
+    import json
+
+    name = resolve_pretrained(name)
+    if is_gguf(name):
+        return
+    path = Path(name).expanduser()
+    looks_like_path = name.startswith(("/", ".", "~")) or path.exists()
+    if looks_like_path:
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            raise CcexpError(f"{key}={name!r} is not a model folder (no config.json there); give a folder saved "
+                             "with save_pretrained, or a model id in the local Hugging Face cache")
+        if not any((path / w).is_file() for w in _WEIGHTS):
+            raise CcexpError(f"{key}={name!r} holds no weights (none of {', '.join(_WEIGHTS)}); save the model "
+                             "there with save_pretrained")
+        if tokenizer and not any((path / t).is_file() for t in _TOKENIZER):
+            raise CcexpError(f"{key}={name!r} holds no tokenizer (none of {', '.join(_TOKENIZER)}); save it there "
+                             "with tokenizer.save_pretrained, or set model.tokenizer.path")
+        archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+        if causal_lm and archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            raise CcexpError(f"{key}={name!r} is a {archs[0]}, not a causal language model; give a decoder LM "
+                             "(its config.json's architectures end in ForCausalLM or LMHeadModel)")
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise CcexpError(f"{key}={name!r} is not in the local Hugging Face cache and ccexp never downloads at run "
+                         f"time; fetch it first (`huggingface-cli download {name}`) or give a local folder")
