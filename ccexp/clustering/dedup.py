@@ -115,8 +115,7 @@ def _cluster_members(labels: np.ndarray, mask: np.ndarray) -> Iterator[np.ndarra
 
 def _dedup_cluster(vectors: np.ndarray, members: np.ndarray, threshold: float, query_batch: int,
                    duplicate_of: np.ndarray, best: np.ndarray) -> None:
-    """Write into ``duplicate_of`` / ``best`` each member's most similar earlier member (in the keep order
-    of ``members``) at or above ``threshold``, and that similarity."""
+    """Write into ``duplicate_of``/``best`` each member's most similar earlier member at or above ``threshold``."""
     import faiss
 
     x = np.ascontiguousarray(vectors[members], dtype=np.float32)
