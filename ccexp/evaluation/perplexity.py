@@ -142,7 +142,7 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
 
 def _worst_cluster(c_ppl: np.ndarray, c_doc: np.ndarray, scored: np.ndarray,
                    min_cluster_docs: int) -> tuple[float, float]:
-    """``ppl_worst`` and ``ppl_worst_cluster`` (-1 and NaN when no cluster is scored)."""
+    """``ppl_worst`` and ``ppl_worst_cluster`` (NaN and -1 when no cluster is scored)."""
     eligible = np.where((c_doc >= min_cluster_docs) & scored, c_ppl, np.nan)
     if np.isnan(eligible).all() and scored.any():
         import logging
