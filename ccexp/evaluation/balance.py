@@ -321,29 +321,44 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                         names=fit.group_names, train_docs=label_counts,
                                         loss_sum=module.group_loss_sum.cpu().numpy(),
                                         tokens=module.group_tokens.cpu().numpy(), metrics=result.metrics), "tables"))
-    for label, values in (labels or {}).items():
-        import json
+    files += _write_label_names(run_dir, labels or {})
+    if cfg.eval.balance_report:
+        files += _write_balance_files(run_dir, name, sizes, fit, result, label_counts, corpus_tokens)
+    return files
 
-        from ccexp.names import safe_names
 
+def _write_label_names(run_dir: Path, labels: dict[str, list[str]]) -> list[tuple[Path, str | None]]:
+    """Write ``labels/<label>.json`` (value -> its metrics' name) per label; return (path, folder) pairs."""
+    import json
+
+    from ccexp.names import safe_names
+
+    files: list[tuple[Path, str | None]] = []
+    for label, values in labels.items():
         path = run_dir / "labels" / f"{label}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(safe_names(values), indent=1, ensure_ascii=False))
         files.append((path, "labels"))
-    if cfg.eval.balance_report:
-        from ccexp.evaluation.heldout import isolated
+    return files
 
-        tel = fit.telemetry
-        report = isolated("balance_report", result.errors, run_dir, write_balance_report,
-                          run_dir / "balance", name=name, sizes=sizes, exposure=sampler.exposure(),
-                          history_steps=np.array(tel.history_steps), history=np.array(tel.history),
-                          repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
-                          heldout_docs=result.per_cluster["documents"], metrics=result.metrics)
-        files += [(p, "balance") for p in report or []]
-        if report and corpus_tokens is not None:
-            extra = isolated("balance_report", result.errors, run_dir, write_label_report, run_dir / "balance",
-                             name=name, label=fit.group_field, names=fit.group_names, train_docs=label_counts,
-                             corpus_tokens=corpus_tokens, tokens=module.group_tokens.cpu().numpy(),
-                             metrics=result.metrics)
-            files += [(p, "balance") for p in extra or []]
+
+def _write_balance_files(run_dir: Path, name: str, sizes: np.ndarray, fit, result, label_counts: np.ndarray | None,
+                         corpus_tokens: np.ndarray | None) -> list[tuple[Path, str | None]]:
+    """Write the balance report (and per-label part) under ``balance/``; return (path, folder) pairs."""
+    from ccexp.evaluation.heldout import isolated
+
+    sampler, module, tel = fit.stream.sampler, fit.module, fit.telemetry
+    files: list[tuple[Path, str | None]] = []
+    report = isolated("balance_report", result.errors, run_dir, write_balance_report,
+                      run_dir / "balance", name=name, sizes=sizes, exposure=sampler.exposure(),
+                      history_steps=np.array(tel.history_steps), history=np.array(tel.history),
+                      repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
+                      heldout_docs=result.per_cluster["documents"], metrics=result.metrics)
+    files += [(p, "balance") for p in report or []]
+    if report and corpus_tokens is not None:
+        extra = isolated("balance_report", result.errors, run_dir, write_label_report, run_dir / "balance",
+                         name=name, label=fit.group_field, names=fit.group_names, train_docs=label_counts,
+                         corpus_tokens=corpus_tokens, tokens=module.group_tokens.cpu().numpy(),
+                         metrics=result.metrics)
+        files += [(p, "balance") for p in extra or []]
     return files
