@@ -15,6 +15,7 @@ the threshold, so memory is bounded by the cluster's vectors, one batch's result
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -76,8 +77,6 @@ def semantic_dedup(vectors: np.ndarray, labels: np.ndarray, threshold: float, *,
         CcexpError: for a threshold outside (0, 1], an unknown ``keep``, mismatched shapes, or
             non-finite vectors.
     """
-    import faiss
-
     check_options(threshold, keep)
     n = vectors.shape[0]
     labels = np.asarray(labels)
@@ -86,38 +85,56 @@ def semantic_dedup(vectors: np.ndarray, labels: np.ndarray, threshold: float, *,
         raise CcexpError(f"semantic_dedup: labels {labels.shape} and mask {mask.shape} must have the {n} rows of vectors")
     if keep != "random" and centroid_similarity is None:
         raise CcexpError(f"curate.dedup.keep={keep} needs each document's similarity to its centroid")
-    if keep == "random":
-        order_key = np.random.default_rng([seed, 0x44444550]).random(n)  # "DDEP"
-    else:  # hard: least similar to the centroid first
-        order_key = np.asarray(centroid_similarity, dtype=np.float64) * (1.0 if keep == "hard" else -1.0)
+    order_key = _order_key(n, keep, seed, centroid_similarity)
     duplicate_of = np.full(n, -1, dtype=np.int64)
     best = np.full(n, np.nan, dtype=np.float32)
-    searched = np.flatnonzero(mask)
-    by_cluster = searched[np.argsort(labels[searched], kind="stable")]
-    starts = np.flatnonzero(np.r_[True, np.diff(labels[by_cluster]) != 0])
-    for begin, end in zip(starts, np.r_[starts[1:], by_cluster.size]):  # one FAISS search per cluster
-        members = by_cluster[begin:end]
+    for members in _cluster_members(labels, mask):  # one FAISS search per cluster
         if members.size < 2:
             continue
         members = members[np.lexsort((members, order_key[members]))]  # the keep order; ties by index
-        x = np.ascontiguousarray(vectors[members], dtype=np.float32)
-        if not np.isfinite(x).all():
-            raise CcexpError("semantic_dedup: the embeddings hold NaN or inf; recompute the embed stage")
-        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # float16 rows are unit only to ~1e-3
-        index = faiss.IndexFlatIP(x.shape[1])
-        index.add(x)
-        for q0 in range(0, members.size, query_batch):
-            lims, sims, nbrs = index.range_search(x[q0:q0 + query_batch], float(threshold) - _COSINE_SLACK)
-            queries = q0 + np.repeat(np.arange(lims.size - 1), np.diff(lims.astype(np.int64)))
-            earlier = nbrs < queries  # positions in the keep order: only an earlier member removes one
-            if not earlier.any():
-                continue
-            q, nb, s = queries[earlier], nbrs[earlier], sims[earlier]
-            pick = np.lexsort((-s, q))  # per query, the most similar earlier member first
-            first = pick[np.r_[True, np.diff(q[pick]) != 0]]
-            duplicate_of[members[q[first]]] = members[nb[first]]
-            best[members[q[first]]] = s[first]
+        _dedup_cluster(vectors, members, threshold, query_batch, duplicate_of, best)
     return Dedup(duplicate_of < 0, duplicate_of, best)
+
+
+def _order_key(n: int, keep: str, seed: int, centroid_similarity: np.ndarray | None) -> np.ndarray:
+    """float64[n]: the sort key of the keep order (smallest first) for ``keep``."""
+    if keep == "random":
+        return np.random.default_rng([seed, 0x44444550]).random(n)  # "DDEP"
+    # hard: least similar to the centroid first
+    return np.asarray(centroid_similarity, dtype=np.float64) * (1.0 if keep == "hard" else -1.0)
+
+
+def _cluster_members(labels: np.ndarray, mask: np.ndarray) -> Iterator[np.ndarray]:
+    """Yield the searched documents of each cluster (int64, ascending index), cluster by cluster."""
+    searched = np.flatnonzero(mask)
+    by_cluster = searched[np.argsort(labels[searched], kind="stable")]
+    starts = np.flatnonzero(np.r_[True, np.diff(labels[by_cluster]) != 0])
+    for begin, end in zip(starts, np.r_[starts[1:], by_cluster.size]):
+        yield by_cluster[begin:end]
+
+
+def _dedup_cluster(vectors: np.ndarray, members: np.ndarray, threshold: float, query_batch: int,
+                   duplicate_of: np.ndarray, best: np.ndarray) -> None:
+    """Write into ``duplicate_of``/``best`` each member's most similar earlier member at or above ``threshold``."""
+    import faiss
+
+    x = np.ascontiguousarray(vectors[members], dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise CcexpError("semantic_dedup: the embeddings hold NaN or inf; recompute the embed stage")
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # float16 rows are unit only to ~1e-3
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    for q0 in range(0, members.size, query_batch):
+        lims, sims, nbrs = index.range_search(x[q0:q0 + query_batch], float(threshold) - _COSINE_SLACK)
+        queries = q0 + np.repeat(np.arange(lims.size - 1), np.diff(lims.astype(np.int64)))
+        earlier = nbrs < queries  # positions in the keep order: only an earlier member removes one
+        if not earlier.any():
+            continue
+        q, nb, s = queries[earlier], nbrs[earlier], sims[earlier]
+        pick = np.lexsort((-s, q))  # per query, the most similar earlier member first
+        first = pick[np.r_[True, np.diff(q[pick]) != 0]]
+        duplicate_of[members[q[first]]] = members[nb[first]]
+        best[members[q[first]]] = s[first]
 
 
 def write_dedup_report(out_dir, result: Dedup, *, labels: np.ndarray, k: int, texts: list[str],

@@ -74,14 +74,24 @@ def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray
             similarity to the centroid; texts: the N documents; label_values: name -> N values;
             train_mask: bool[N]; title: what the plot's title names (the corpus and clusterer).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = imbalance(sizes)
     train_idx = np.flatnonzero(train_mask)
+    agree, majority = _label_majorities(labels, sizes, train_idx, label_values)
+    metrics.update(agree)
+    _plot_sizes(out_dir / "sizes.png", sizes, metrics["gini"], title)
+    rows = _cluster_rows(labels, sizes, similarity, texts, train_mask, majority, per=samples_per_cluster,
+                         max_clusters=max_clusters, chars=chars)
+    summary = ", ".join(f"{k} {v:.3g}" for k, v in metrics.items())
+    _write_markdown(out_dir / "clusters.md", sizes, summary, rows, chars)
+    _write_html(out_dir / "clusters.html", summary, rows)
+    return metrics
+
+
+def _label_majorities(labels: np.ndarray, sizes: np.ndarray, train_idx: np.ndarray,
+                      label_values: dict[str, list[str]]) -> tuple[dict[str, float], dict]:
+    """Agreement metrics per label (``<name>_nmi``, ...) and per label (values, each cluster's majority, its count)."""
+    metrics: dict[str, float] = {}
     majority: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, values in label_values.items():
         vals = np.asarray(values, dtype=object).astype(str)
@@ -90,20 +100,33 @@ def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray
         table = np.zeros((sizes.size, uniq.size), dtype=np.int64)
         np.add.at(table, (labels[train_idx], inv), 1)
         majority[name] = (uniq, table.argmax(axis=1), table.max(axis=1))
+    return metrics, majority
 
+
+def _plot_sizes(path: Path, sizes: np.ndarray, gini: float, title: str) -> None:
+    """Write ``sizes.png``: the histogram of cluster sizes on a log axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     counts, edges = size_histogram(sizes)
     ax.stairs(counts, edges, fill=True)
     ax.set(xscale="log", xlabel="cluster size (training documents, log scale)", ylabel="clusters",
-           title=f"{title}: cluster sizes\nK={sizes.size}, {int(counts.sum())} non-empty, Gini {metrics['gini']:.2f}")
+           title=f"{title}: cluster sizes\nK={sizes.size}, {int(counts.sum())} non-empty, Gini {gini:.2f}")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(out_dir / "sizes.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
-    nearest = nearest_documents(labels, similarity, train_mask, int(sizes.size), samples_per_cluster)
+
+def _cluster_rows(labels: np.ndarray, sizes: np.ndarray, similarity: np.ndarray, texts: list[str],
+                  train_mask: np.ndarray, majority: dict, *, per: int, max_clusters: int,
+                  chars: int) -> list[tuple[int, int, str, list[str]]]:
+    """(cluster, size, majority tags, ``per`` nearest documents) for the ``max_clusters`` largest clusters."""
+    nearest = nearest_documents(labels, similarity, train_mask, int(sizes.size), per)
     shown = [c for c in np.argsort(-sizes, kind="stable")[:max_clusters] if sizes[c] > 0]
     wanted = np.unique(np.concatenate([nearest[c] for c in shown] + [np.zeros(0, np.int64)])).astype(np.int64)
     text_of = dict(zip(wanted.tolist(), take(texts, wanted)))  # one read per row group of a sharded corpus
@@ -113,17 +136,24 @@ def write_cluster_report(out_dir: Path, *, labels: np.ndarray, sizes: np.ndarray
         samples = [" ".join(text_of[int(d)].split())[:chars] for d in docs]
         tags = [f"{name}: {u[a[c]]} ({m[c] / sizes[c]:.0%})" for name, (u, a, m) in majority.items()]
         rows.append((int(c), int(sizes[c]), "; ".join(tags), samples))
+    return rows
+
+
+def _write_markdown(path: Path, sizes: np.ndarray, summary: str, rows: list, chars: int) -> None:
+    """Write ``clusters.md``: the metrics line and the table of :func:`_cluster_rows`."""
     head = ["| cluster | size | majority label | nearest to centroid |", "|---:|---:|---|---|"]
-    md = [f"# Clusters (K={sizes.size})", "",
-          ", ".join(f"{k} {v:.3g}" for k, v in metrics.items()), "", *head]
+    md = [f"# Clusters (K={sizes.size})", "", summary, "", *head]
     md += [f"| {c} | {n} | {markdown_cell(tag, len(tag))} | " + " / ".join(markdown_cell(s, chars) for s in samples)
            + " |" for c, n, tag, samples in rows]  # label values and texts are data: one line, | escaped
-    (out_dir / "clusters.md").write_text("\n".join(md) + "\n")
+    path.write_text("\n".join(md) + "\n")
+
+
+def _write_html(path: Path, summary: str, rows: list) -> None:
+    """Write ``clusters.html``: the metrics line, ``sizes.png`` and the table of :func:`_cluster_rows`."""
     cells = "".join(f"<tr><td>{c}</td><td>{n}</td><td>{html.escape(tag)}</td><td><ol>"
                     + "".join(f"<li>{html.escape(s)}</li>" for s in samples) + "</ol></td></tr>"
                     for c, n, tag, samples in rows)
-    (out_dir / "clusters.html").write_text(
+    path.write_text(
         "<!doctype html><meta charset='utf-8'><title>ccexp clusters</title><h1>Clusters</h1>"
-        f"<p>{html.escape(md[2])}</p><img src='sizes.png'><table border=1 cellpadding=4>"
+        f"<p>{html.escape(summary)}</p><img src='sizes.png'><table border=1 cellpadding=4>"
         f"<tr><th>cluster</th><th>size</th><th>majority label</th><th>nearest to centroid</th></tr>{cells}</table>")
-    return metrics

@@ -52,9 +52,6 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
     Raises:
         CcexpError: from the reader, or if the split leaves no training or no held-out document.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     check_heldout_fraction(heldout_fraction)
     content, documents, held_total, shards = hashlib.sha256(), 0, 0, 0
     hashes = []  # uint64 id hashes of every document, to find ids that repeat (8 bytes per document)
@@ -64,19 +61,8 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
     for batch in batches:
         hashes.append(id_hash64(batch.ids, HELDOUT_SALT))
         heldout = hashes[-1] / 2.0**64 < heldout_fraction  # heldout_flags' decision
-        for doc_id, text, held in zip(batch.ids, batch.texts, heldout):
-            content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
-        columns = {"id": batch.ids, "text": batch.texts, "heldout": heldout}
-        if batch.prompt_chars is not None:
-            prompt_chars = np.asarray(batch.prompt_chars, dtype=np.int64)
-            content.update(prompt_chars.tobytes())
-            columns["prompt_chars"] = prompt_chars
-        columns.update({f"label.{name}": batch.labels[name] for name in label_fields})
-        for name in label_fields:
-            labels.update(json.dumps([name, batch.labels[name]], ensure_ascii=False).encode())
-            if len(values[name]) <= 100_000:
-                values[name].update(batch.labels[name])
-        pq.write_table(pa.table(columns), out_dir / _SHARD.format(shards), row_group_size=ROW_GROUP)
+        _write_shard(batch, heldout, out_dir / _SHARD.format(shards), label_fields, content=content, labels=labels,
+                     values=values)
         shards, documents, held_total = shards + 1, documents + len(batch.texts), held_total + int(heldout.sum())
         if (now := time.perf_counter()) - last >= 10.0:
             last = now
@@ -84,22 +70,54 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
     figures = {"label_fields": list(label_fields), "labels": labels.hexdigest()[:16] if label_fields else None,
                "label_values": {name: len(v) for name, v in values.items()}}
     files = [out_dir / _SHARD.format(i) for i in range(shards)]
-    repeats = _split_repeated_ids(files, np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
-                                  heldout_fraction)
-    if repeats is not None:
-        content.update(b"repeats:" + repeats["changed"].tobytes())
-        held_total += repeats["held_change"]
-        figures["repeated_ids"], figures["repeated_rows"] = repeats["ids"], repeats["rows"]
-    if stratify is not None and min_per_value > 0:
-        added = _stratify_shards(files, stratify, min_per_value)
-        content.update(f"stratified:{stratify}:{min_per_value}:".encode() + added.tobytes())
-        held_total += int(added.size)
-        figures["stratified_added"] = int(added.size)
+    held_change, more = _settle_heldout(files, hashes, heldout_fraction, content, stratify=stratify,
+                                        min_per_value=min_per_value)
+    held_total += held_change
+    figures.update(more)
     check_split(held_total, documents, heldout_fraction)
     (out_dir / "shards.json").write_text(json.dumps({"shards": shards, "documents": documents}))
     return {"documents": documents, "heldout": held_total, "shards": shards, "content": content.hexdigest()[:16],
             **figures}
 
+
+def _write_shard(batch: CorpusBatch, heldout: np.ndarray, path: Path, label_fields: Sequence[str], *, content,
+                 labels, values: dict[str, set]) -> None:
+    """Write one batch as the shard ``path``, adding it to the ``content`` / ``labels`` digests and ``values``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for doc_id, text, held in zip(batch.ids, batch.texts, heldout):
+        content.update(f"{len(doc_id)}:{doc_id}{len(text)}:{text}{int(held)}".encode())
+    columns = {"id": batch.ids, "text": batch.texts, "heldout": heldout}
+    if batch.prompt_chars is not None:
+        prompt_chars = np.asarray(batch.prompt_chars, dtype=np.int64)
+        content.update(prompt_chars.tobytes())
+        columns["prompt_chars"] = prompt_chars
+    columns.update({f"label.{name}": batch.labels[name] for name in label_fields})
+    for name in label_fields:
+        labels.update(json.dumps([name, batch.labels[name]], ensure_ascii=False).encode())
+        if len(values[name]) <= 100_000:
+            values[name].update(batch.labels[name])
+    pq.write_table(pa.table(columns), path, row_group_size=ROW_GROUP)
+
+
+def _settle_heldout(files: list[Path], hashes: list[np.ndarray], heldout_fraction: float, content, *,
+                    stratify: str | None, min_per_value: int) -> tuple[int, dict]:
+    """Rewrite the shards' flags for repeated ids and stratification; return the held-out change and figures."""
+    figures: dict = {}
+    held_change = 0
+    repeats = _split_repeated_ids(files, np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
+                                  heldout_fraction)
+    if repeats is not None:
+        content.update(b"repeats:" + repeats["changed"].tobytes())
+        held_change += repeats["held_change"]
+        figures["repeated_ids"], figures["repeated_rows"] = repeats["ids"], repeats["rows"]
+    if stratify is not None and min_per_value > 0:
+        added = _stratify_shards(files, stratify, min_per_value)
+        content.update(f"stratified:{stratify}:{min_per_value}:".encode() + added.tobytes())
+        held_change += int(added.size)
+        figures["stratified_added"] = int(added.size)
+    return held_change, figures
 
 def _read_columns(files: list[Path], columns: list[str]) -> tuple[dict[str, list], np.ndarray]:
     """``columns`` of every shard, concatenated (lists; ``heldout`` as bool[N]), and the shards' row bounds."""

@@ -34,23 +34,37 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
         heldout_ppl: float[K] (NaN where a cluster has no held-out document); heldout_docs: int64[K].
         metrics: the run's evaluation metrics (``ppl``, ``ppl_macro``, ...).
     """
-    plt = _plt()
     out_dir.mkdir(parents=True, exist_ok=True)
-    order = np.argsort(-sizes, kind="stable")
     corpus_mix = sizes / sizes.sum()
     trained_mix = exposure / max(1, exposure.sum())
-    paths = []
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    x = np.arange(sizes.size)
-    ax.bar(x - 0.2, corpus_mix[order], width=0.4, label="corpus (n_c / N)")
-    ax.bar(x + 0.2, trained_mix[order], width=0.4, label="trained on (drawn_c / D)")
     k_active = np.count_nonzero(sizes)
+    order = np.argsort(-sizes, kind="stable")
+    paths = [_plot_mix(out_dir / "mix.png", name, corpus_mix[order], trained_mix[order], k_active),
+             _plot_mix_over_time(out_dir / "mix_over_time.png", name, history_steps, history, corpus_mix, k_active),
+             _plot_repetition(out_dir / "repetition.png", name, repetition_hist, sizes, exposure),
+             _plot_ppl_vs_size(out_dir / "ppl_vs_size.png", name, sizes, heldout_ppl, heldout_docs)]
+    md = _write_balance_md(out_dir / "balance.md", name, sizes=sizes, exposure=exposure, corpus_mix=corpus_mix,
+                           trained_mix=trained_mix, repetition_hist=repetition_hist, metrics=metrics)
+    return paths + [md]
+
+
+def _plot_mix(path: Path, name: str, corpus_mix: np.ndarray, trained_mix: np.ndarray, k_active: int) -> Path:
+    """Write ``mix.png``: each cluster's corpus share beside its trained share (mixes given largest cluster first)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = np.arange(corpus_mix.size)
+    ax.bar(x - 0.2, corpus_mix, width=0.4, label="corpus (n_c / N)")
+    ax.bar(x + 0.2, trained_mix, width=0.4, label="trained on (drawn_c / D)")
     ax.axhline(1 / k_active, color="gray", lw=0.8, ls="--", label="uniform (1/K)")
     ax.set(xlabel="cluster (largest first)", ylabel="share of documents", title=f"{name}: cluster mix")
     ax.legend()
-    paths.append(_save(fig, out_dir / "mix.png"))
+    return _save(fig, path)
 
+
+def _plot_mix_over_time(path: Path, name: str, history_steps: np.ndarray, history: np.ndarray,
+                        corpus_mix: np.ndarray, k_active: int) -> Path:
+    """Write ``mix_over_time.png``: KL of the drawn mix from the corpus mix and from uniform, per step."""
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 4))
     if len(history):
         totals = history.sum(axis=1, keepdims=True).clip(min=1)
@@ -63,10 +77,15 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
     ax.set(xlabel="optimizer step", ylabel="KL divergence (nats)",
            title=f"{name}: cluster mix of the documents drawn so far")
     ax.legend()
-    paths.append(_save(fig, out_dir / "mix_over_time.png"))
+    return _save(fig, path)
 
+
+def _plot_repetition(path: Path, name: str, repetition_hist: dict[int, int], sizes: np.ndarray,
+                     exposure: np.ndarray) -> Path:
+    """Write ``repetition.png``: documents per number of draws, and documents drawn per cluster by size."""
     from matplotlib.ticker import MaxNLocator
 
+    plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     reps = np.array(sorted(repetition_hist))
     counts = [repetition_hist[r] for r in reps]
@@ -84,10 +103,15 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
     a2.yaxis.set_major_locator(MaxNLocator(integer=True))
     _plain_log_ticks(a2.xaxis)
     fig.suptitle(name)
-    paths.append(_save(fig, out_dir / "repetition.png"))
+    return _save(fig, path)
 
+
+def _plot_ppl_vs_size(path: Path, name: str, sizes: np.ndarray, heldout_ppl: np.ndarray,
+                      heldout_docs: np.ndarray) -> Path:
+    """Write ``ppl_vs_size.png``: each cluster's held-out perplexity against its size (area: held-out documents)."""
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    ok = np.isfinite(heldout_ppl) & nz
+    ok = np.isfinite(heldout_ppl) & (sizes > 0)
 
     def marker(docs):
         return 8 + 4 * np.sqrt(docs)
@@ -99,8 +123,15 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
     ax.legend(loc="best", fontsize=8, title="marker area", title_fontsize=8)
     ax.set(xscale="log", xlabel="cluster size (training documents, log scale)",
            ylabel="held-out perplexity (cluster's documents)", title=f"{name}: perplexity vs cluster size")
-    paths.append(_save(fig, out_dir / "ppl_vs_size.png"))
+    return _save(fig, path)
 
+
+def _write_balance_md(path: Path, name: str, *, sizes: np.ndarray, exposure: np.ndarray, corpus_mix: np.ndarray,
+                      trained_mix: np.ndarray, repetition_hist: dict[int, int], metrics: dict[str, float]) -> Path:
+    """Write ``balance.md``: the mix and repetition figures and the held-out metrics table."""
+    nz = sizes > 0
+    k_active = np.count_nonzero(sizes)
+    reps = np.array(sorted(repetition_hist))
     never = repetition_hist.get(0, 0)
     total_docs = sum(repetition_hist.values())
     lines = [f"# Balance report: {name}", "",
@@ -114,10 +145,8 @@ def write_balance_report(out_dir: Path, *, name: str, sizes: np.ndarray, exposur
     lines += ["| held-out metric | value |", "|---|---:|"] + [f"| {k} | {metrics[k]:.2f} |" for k in keys]
     lines += ["", "Plots: `mix.png` (corpus vs trained mix), `mix_over_time.png`, `repetition.png`, "
               "`ppl_vs_size.png`.", ""]
-    md = out_dir / "balance.md"
-    md.write_text("\n".join(lines))
-    return paths + [md]
-
+    path.write_text("\n".join(lines))
+    return path
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
@@ -291,29 +320,44 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
                                         names=fit.group_names, train_docs=label_counts,
                                         loss_sum=module.group_loss_sum.cpu().numpy(),
                                         tokens=module.group_tokens.cpu().numpy(), metrics=result.metrics), "tables"))
-    for label, values in (labels or {}).items():
-        import json
+    files += _write_label_names(run_dir, labels or {})
+    if cfg.eval.balance_report:
+        files += _write_balance_files(run_dir, name, sizes, fit, result, label_counts, corpus_tokens)
+    return files
 
-        from ccexp.names import safe_names
 
+def _write_label_names(run_dir: Path, labels: dict[str, list[str]]) -> list[tuple[Path, str | None]]:
+    """Write ``labels/<label>.json`` (value -> its metrics' name) per label; return (path, folder) pairs."""
+    import json
+
+    from ccexp.names import safe_names
+
+    files: list[tuple[Path, str | None]] = []
+    for label, values in labels.items():
         path = run_dir / "labels" / f"{label}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(safe_names(values), indent=1, ensure_ascii=False))
         files.append((path, "labels"))
-    if cfg.eval.balance_report:
-        from ccexp.evaluation.heldout import isolated
+    return files
 
-        tel = fit.telemetry
-        report = isolated("balance_report", result.errors, run_dir, write_balance_report,
-                          run_dir / "balance", name=name, sizes=sizes, exposure=sampler.exposure(),
-                          history_steps=np.array(tel.history_steps), history=np.array(tel.history),
-                          repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
-                          heldout_docs=result.per_cluster["documents"], metrics=result.metrics)
-        files += [(p, "balance") for p in report or []]
-        if report and corpus_tokens is not None:
-            extra = isolated("balance_report", result.errors, run_dir, write_label_report, run_dir / "balance",
-                             name=name, label=fit.group_field, names=fit.group_names, train_docs=label_counts,
-                             corpus_tokens=corpus_tokens, tokens=module.group_tokens.cpu().numpy(),
-                             metrics=result.metrics)
-            files += [(p, "balance") for p in extra or []]
+
+def _write_balance_files(run_dir: Path, name: str, sizes: np.ndarray, fit, result, label_counts: np.ndarray | None,
+                         corpus_tokens: np.ndarray | None) -> list[tuple[Path, str | None]]:
+    """Write the balance report (and per-label part) under ``balance/``; return (path, folder) pairs."""
+    from ccexp.evaluation.heldout import isolated
+
+    sampler, module, tel = fit.stream.sampler, fit.module, fit.telemetry
+    files: list[tuple[Path, str | None]] = []
+    report = isolated("balance_report", result.errors, run_dir, write_balance_report,
+                      run_dir / "balance", name=name, sizes=sizes, exposure=sampler.exposure(),
+                      history_steps=np.array(tel.history_steps), history=np.array(tel.history),
+                      repetition_hist=sampler.repetition_histogram(), heldout_ppl=result.per_cluster["ppl"],
+                      heldout_docs=result.per_cluster["documents"], metrics=result.metrics)
+    files += [(p, "balance") for p in report or []]
+    if report and corpus_tokens is not None:
+        extra = isolated("balance_report", result.errors, run_dir, write_label_report, run_dir / "balance",
+                         name=name, label=fit.group_field, names=fit.group_names, train_docs=label_counts,
+                         corpus_tokens=corpus_tokens, tokens=module.group_tokens.cpu().numpy(),
+                         metrics=result.metrics)
+        files += [(p, "balance") for p in extra or []]
     return files

@@ -127,6 +127,22 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
     c_ppl = np.exp(c_mean)
     scored = np.isfinite(c_mean)  # a model that diverged scores NaN: recorded as NaN, never a crash
     metrics["ppl_macro"] = float(np.exp(c_mean[scored].mean())) if scored.any() else float("nan")
+    metrics["ppl_worst"], metrics["ppl_worst_cluster"] = _worst_cluster(c_ppl, c_doc, scored, min_cluster_docs)
+    metrics["clusters_evaluated"] = float(present.sum())
+    if nbytes is not None and np.sum(nbytes) > 0:
+        metrics.update(_bits_per_byte(nll, nbytes, clusters, c_nll, scored, num_clusters))
+    if sizes is not None and np.count_nonzero(sizes) >= 2:
+        metrics.update(_size_quintile_ppl(sizes, c_nll, c_tok))
+    for c in np.flatnonzero(present):
+        metrics[f"ppl_cluster/{c:04d}"] = float(c_ppl[c])
+    for name, values in (labels or {}).items():
+        metrics.update(_label_ppl(name, values, nll, ntok, (label_names or {}).get(name)))
+    return PerplexityReport(metrics, {"nll": c_nll, "tokens": c_tok, "documents": c_doc, "ppl": c_ppl})
+
+
+def _worst_cluster(c_ppl: np.ndarray, c_doc: np.ndarray, scored: np.ndarray,
+                   min_cluster_docs: int) -> tuple[float, float]:
+    """``ppl_worst`` and ``ppl_worst_cluster`` (NaN and -1 when no cluster is scored)."""
     eligible = np.where((c_doc >= min_cluster_docs) & scored, c_ppl, np.nan)
     if np.isnan(eligible).all() and scored.any():
         import logging
@@ -136,32 +152,39 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
             "cluster and may rest on a single document", min_cluster_docs)
         eligible = np.where(scored, c_ppl, np.nan)
     worst = int(np.nanargmax(eligible)) if not np.isnan(eligible).all() else -1
-    metrics["ppl_worst"] = float(eligible[worst]) if worst >= 0 else float("nan")
-    metrics["ppl_worst_cluster"] = float(worst)
-    metrics["clusters_evaluated"] = float(present.sum())
-    if nbytes is not None and np.sum(nbytes) > 0:
-        metrics["bpb"] = float(nll.sum() / (np.log(2) * np.sum(nbytes)))
-        c_bytes = np.bincount(clusters, weights=nbytes, minlength=num_clusters)
-        has = scored & (c_bytes > 0)
-        metrics["bpb_macro"] = float(np.mean(c_nll[has] / (np.log(2) * c_bytes[has]))) if has.any() else float("nan")
-    if sizes is not None and np.count_nonzero(sizes) >= 2:
-        nonempty = np.flatnonzero(sizes > 0)
-        by_size = nonempty[np.argsort(sizes[nonempty], kind="stable")]
-        fifth = max(1, by_size.size // 5)
-        for name, group in (("ppl_rare", by_size[:fifth]), ("ppl_common", by_size[-fifth:])):
-            tok = c_tok[group].sum()
-            if tok > 0:
-                metrics[name] = float(np.exp(c_nll[group].sum() / tok))
-    for c in np.flatnonzero(present):
-        metrics[f"ppl_cluster/{c:04d}"] = float(c_ppl[c])
-    for name, values in (labels or {}).items():
-        uniq, inv = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
-        l_nll = np.bincount(inv, weights=nll, minlength=uniq.size)
-        l_tok = np.bincount(inv, weights=ntok, minlength=uniq.size)
-        # label values come from data: any string must make a valid, distinct name (the corpus-wide map
-        # when given, so that names agree across runs and with the saved labels/<label>.json)
-        safe = (label_names or {}).get(name) or safe_names(uniq)
-        for u, a, b in zip(uniq, l_nll, l_tok):
-            if b > 0:
-                metrics[f"ppl_{name}/{safe[u]}"] = float(np.exp(a / b))
-    return PerplexityReport(metrics, {"nll": c_nll, "tokens": c_tok, "documents": c_doc, "ppl": c_ppl})
+    return (float(eligible[worst]) if worst >= 0 else float("nan")), float(worst)
+
+
+def _bits_per_byte(nll: np.ndarray, nbytes: np.ndarray, clusters: np.ndarray, c_nll: np.ndarray, scored: np.ndarray,
+                   num_clusters: int) -> dict[str, float]:
+    """``bpb`` over all held-out documents and ``bpb_macro`` (the mean over scored clusters)."""
+    metrics = {"bpb": float(nll.sum() / (np.log(2) * np.sum(nbytes)))}
+    c_bytes = np.bincount(clusters, weights=nbytes, minlength=num_clusters)
+    has = scored & (c_bytes > 0)
+    metrics["bpb_macro"] = float(np.mean(c_nll[has] / (np.log(2) * c_bytes[has]))) if has.any() else float("nan")
+    return metrics
+
+
+def _size_quintile_ppl(sizes: np.ndarray, c_nll: np.ndarray, c_tok: np.ndarray) -> dict[str, float]:
+    """``ppl_rare`` / ``ppl_common``: over the bottom / top fifth of the non-empty clusters by size (where scored)."""
+    metrics = {}
+    nonempty = np.flatnonzero(sizes > 0)
+    by_size = nonempty[np.argsort(sizes[nonempty], kind="stable")]
+    fifth = max(1, by_size.size // 5)
+    for name, group in (("ppl_rare", by_size[:fifth]), ("ppl_common", by_size[-fifth:])):
+        tok = c_tok[group].sum()
+        if tok > 0:
+            metrics[name] = float(np.exp(c_nll[group].sum() / tok))
+    return metrics
+
+
+def _label_ppl(name: str, values: list[str], nll: np.ndarray, ntok: np.ndarray,
+               safe: dict[str, str] | None) -> dict[str, float]:
+    """``ppl_<name>/<value>`` for each value of label ``name`` with scored tokens."""
+    uniq, inv = np.unique(np.asarray(values, dtype=object).astype(str), return_inverse=True)
+    l_nll = np.bincount(inv, weights=nll, minlength=uniq.size)
+    l_tok = np.bincount(inv, weights=ntok, minlength=uniq.size)
+    # label values come from data: any string must make a valid, distinct name (the corpus-wide map
+    # when given, so that names agree across runs and with the saved labels/<label>.json)
+    safe = safe or safe_names(uniq)
+    return {f"ppl_{name}/{safe[u]}": float(np.exp(a / b)) for u, a, b in zip(uniq, l_nll, l_tok) if b > 0}
