@@ -166,7 +166,7 @@ def one_error_line(proc):
 
 def test_cli_wrong_option(tmp_path):
     line = one_error_line(run_ccexp("sampler=nope", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in line
+    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, dynamic, mixture, random, temperature, uniform, unimax" in line
 
 
 def test_cli_unknown_key(tmp_path):
@@ -316,7 +316,7 @@ def test_cli_gpu_trainer_without_gpu_fails_first(tmp_path):
 def test_help_lists_the_real_groups_only(tmp_path):
     proc = run_ccexp("--help", cwd=ROOT)
     assert proc.returncode == 0 and "schema" not in proc.stdout
-    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in proc.stdout
+    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, mixture, random, temperature, uniform, unimax" in proc.stdout
     assert "ccexp: does balancing" in proc.stdout and "docs/errors.md" in proc.stdout
 
 
