@@ -40,7 +40,8 @@ def instantiate_option(group: str, option: str, tmp_path):
 
     from ccexp.build import build
 
-    cfg = compose_cfg([f"{group}={option}"] + (["clusterer.k=4"] if option == "cluster_dp" else []))
+    cfg = compose_cfg([f"{group}={option}"] + (["clusterer.k=4"] if option == "cluster_dp" else [])
+                      + (["sampler.weights=[1,2,3,4]"] if option == "mixture" else []))  # no default: required
     node = cfg[group]
     if group == "data":
         from ccexp.data.corpus import BUILTIN_PATH
