@@ -261,8 +261,9 @@ def test_the_config_option_builds_the_sampler_and_preflight_requires_weights():
         preflight._check_missing(config.compose(["sampler=mixture"]))
 
 
+@pytest.mark.slow
 def test_a_run_trains_on_the_given_mixture(tmp_path):
-    """``python -m ccexp sampler=mixture 'sampler.weights=[...]'`` end to end (the cases' tiny run, ~25 s):
+    """``python -m ccexp sampler=mixture 'sampler.weights=[...]'`` end to end (the cases' tiny run, 25-50 s):
     a cluster of weight 0 is never trained on, and the cap holds."""
     import csv
 
