@@ -454,6 +454,15 @@ class UniMaxConfig(SamplerConfig):
 
 
 @dataclass
+class MixtureConfig(SamplerConfig):
+    _target_: str = "ccexp.sampling.MixtureSampler"
+    needs: ClassVar[frozenset[str]] = frozenset({"cluster_names"})  # runtime inputs from the run, not config keys
+    weights: Any = MISSING  # one per cluster: [w0, w1, ...], {cluster: w}, a .csv / .json file, or an earlier run's folder
+    max_repetitions: Optional[int] = ge(1, None)  # OLMo-core's max repetition factor: no document drawn more often; null = no cap
+    on_exhausted: str = "error"  # error | reset: what a cap that exhausts every weighted cluster does
+
+
+@dataclass
 class ClusterClipConfig(SamplerConfig):
     _target_: str = "ccexp.sampling.ClusterClipSampler"
     clip_threshold: int = 5  # M: a document drawn M times is clipped (no longer drawn) (Shao et al. 2024, Alg. 1)
@@ -693,6 +702,7 @@ GROUP_SCHEMAS = [
     ("clusterer", "labels", LabelGroupsConfig),
     ("sampler", "random", RandomConfig), ("sampler", "uniform", UniformConfig), ("sampler", "clusterclip", ClusterClipConfig),
     ("sampler", "temperature", TemperatureConfig), ("sampler", "unimax", UniMaxConfig),
+    ("sampler", "mixture", MixtureConfig),
     ("sampler", "dynamic", DynamicConfig), ("sampler", "cluster_dp", ClusterDPConfig),
     ("model", "tiny_gpt", TinyGPTConfig), ("model", "hf_causal_lm", HFCausalLMConfig),
     ("trainer", "trainer", TrainerConfig), ("logger", "logger", LoggerConfig), ("eval", "eval", EvalConfig),

@@ -40,7 +40,8 @@ def instantiate_option(group: str, option: str, tmp_path):
 
     from ccexp.build import build
 
-    cfg = compose_cfg([f"{group}={option}"] + (["clusterer.k=4"] if option == "cluster_dp" else []))
+    cfg = compose_cfg([f"{group}={option}"] + (["clusterer.k=4"] if option == "cluster_dp" else [])
+                      + (["sampler.weights=[1,2,3,4]"] if option == "mixture" else []))  # no default: required
     node = cfg[group]
     if group == "data":
         from ccexp.data.corpus import BUILTIN_PATH
@@ -184,7 +185,7 @@ def one_error_line(proc):
 
 def test_cli_wrong_option(tmp_path):
     line = one_error_line(run_ccexp("sampler=nope", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in line
+    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, dynamic, mixture, random, temperature, uniform, unimax" in line
 
 
 def test_cli_unknown_key(tmp_path):
@@ -334,7 +335,7 @@ def test_cli_gpu_trainer_without_gpu_fails_first(tmp_path):
 def test_help_lists_the_real_groups_only(tmp_path):
     proc = run_ccexp("--help", cwd=ROOT)
     assert proc.returncode == 0 and "schema" not in proc.stdout
-    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, random, temperature, uniform, unimax" in proc.stdout
+    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, mixture, random, temperature, uniform, unimax" in proc.stdout
     assert "ccexp: does balancing" in proc.stdout and "docs/errors.md" in proc.stdout
 
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ccexp.errors import CcexpError
-from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler, TemperatureSampler,
-                            UniformSampler, UniMaxSampler)
+from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, MixtureSampler, RandomSampler,
+                            TemperatureSampler, UniformSampler, UniMaxSampler)
 from ccexp.sampling.permutation import affine_permute, derive_keys, pass_hash, shuffled_groups
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -211,6 +211,8 @@ POLICIES = [
     (ClusterDPSampler, dict(keep="random")),
     (TemperatureSampler, dict(alpha=0.5)),
     (UniMaxSampler, dict(max_epochs=2, on_exhausted="reset")),
+    (MixtureSampler, dict(weights=[0.4, 0.1, 0.2, 0.0, 0.3])),
+    (MixtureSampler, dict(weights=[4, 1, 2, 0, 3], max_repetitions=2, on_exhausted="reset")),
 ]
 
 

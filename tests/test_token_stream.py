@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ccexp.data.packing import TokenStream, stream_lengths
-from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, RandomSampler, TemperatureSampler,
-                            UniformSampler, UniMaxSampler, rank_slice)
+from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, MixtureSampler, RandomSampler,
+                            TemperatureSampler, UniformSampler, UniMaxSampler, rank_slice)
 
 EOS = 0
 POLICIES = [
@@ -23,6 +23,7 @@ POLICIES = [
     (ClusterDPSampler, dict(keep="random")),
     (TemperatureSampler, dict(alpha=0.5)),
     (UniMaxSampler, dict(max_epochs=2, on_exhausted="reset")),
+    (MixtureSampler, dict(weights=[0.1, 0.2, 0.3, 0.4], max_repetitions=2, on_exhausted="reset")),
 ]
 
 

@@ -1,0 +1,318 @@
+"""``mixture``: train on a fixed, given mixture of clusters (DoReMi's recipe: Xie et al. 2023,
+"DoReMi: Optimizing Data Mixtures Speeds Up Language Model Pretraining", §2 — learn the domain
+weights with a small proxy run, then train the main model on the proxy's *average* weights).
+
+The cluster of each draw is i.i.d. from the given ``π`` (normalised), drawn per block from a
+generator keyed by ``(seed, block)``; the document is the next of the cluster's passes over a
+permutation — ``temperature``'s machinery with ``π`` given instead of ``n_c^α``. So the stream is a
+deterministic function of the seed and the blocks drawn, and the state is O(K) (exposure, block count,
+the clip's resets).
+
+The weights (``sampler.weights``) come from a list of K numbers (cluster ids 0..K-1), a mapping
+``{cluster: weight}`` (clusters it leaves out get 0), a ``.csv`` file (columns ``cluster`` and
+``weight``, or ``average_weight`` as ccexp writes it), a ``.json`` file (a list or a mapping), or the
+folder of an earlier ccexp run, whose ``tables/clusters.csv`` column ``average_weight`` is what a
+learning policy (``sampler=dynamic``: ODM, DoReMi) learned. A mapping's key is a cluster id when it is
+an integer; a string key is first looked up among ``cluster_names`` (the clustering's names when it
+has them: with ``clusterer=labels`` the sorted label values), then read as an id. A cluster without
+training documents gets weight 0 (a warning names any the weights gave some).
+
+``max_repetitions`` is OLMo-core's max repetition factor: no document is drawn more than M times,
+ClusterClip's :class:`~ccexp.sampling.clip.RepetitionClip` (a cluster leaves after ``M · n_c`` draws;
+the others keep their given proportions). With ``on_exhausted=error`` a token budget above
+``M ·`` the tokens of the clusters with weight is refused up front, and a stream that runs out ends;
+``reset`` starts the repetition counts again. Clusters of weight 0 are never drawn.
+
+A clustering of one cluster — the stand-in on which pre-flight (``clusterer=labels``, whose K is not
+known before the corpus is read) and the token-budget check before the embedding build the policy —
+has the one possible mix ``[1]``: there the weights' values are checked, not their count or names.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ccexp.errors import CcexpError
+from ccexp.sampling.clip import RepetitionClip
+from ccexp.sampling.uniform import UniformSampler
+
+log = logging.getLogger("ccexp")
+
+_MIXTURE_STREAM = 0x4D495854  # "MIXT"
+_KEY = "sampler.weights"
+
+
+def _number(value: Any, where: str) -> float:
+    """``value`` as a finite, non-negative float, or a one-line CcexpError naming ``where``."""
+    if isinstance(value, bool):
+        raise CcexpError(f"{_KEY}: {where} is {value!r}, not a number")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise CcexpError(f"{_KEY}: {where} is {value!r}, not a number") from None
+    if math.isnan(x) or math.isinf(x):
+        raise CcexpError(f"{_KEY}: {where} is {x}; every weight must be a finite number >= 0")
+    if x < 0:
+        raise CcexpError(f"{_KEY}: {where} is {x}; weights must be >= 0")
+    return x
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> dict[str, str]:
+    """{cluster: weight} (as strings) from ``path``'s ``cluster`` column and the first of ``columns`` it has."""
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows, header = list(reader), list(reader.fieldnames or [])
+    except OSError as e:
+        raise CcexpError(f"{_KEY}={str(path)!r} cannot be read: {e.strerror or e}") from None
+    column = next((c for c in columns if c in header), None)
+    if "cluster" not in header or column is None:
+        raise CcexpError(f"{_KEY}={str(path)!r} needs a 'cluster' column and a {' or '.join(map(repr, columns))} "
+                         f"column; it has {header}")
+    out: dict[str, str] = {}
+    for row in rows:
+        key = (row["cluster"] or "").strip()
+        if key in out:
+            raise CcexpError(f"{_KEY}={str(path)!r} lists cluster {key!r} twice")
+        out[key] = row[column]
+    return out
+
+
+def _run_weights(folder: Path) -> dict[int, str]:
+    """{cluster id: learned weight} from an earlier ccexp run's ``tables/clusters.csv``."""
+    table = folder / "tables" / "clusters.csv"
+    if not table.is_file():
+        raise CcexpError(f"{_KEY}={str(folder)!r} is a folder without tables/clusters.csv; give the folder of an "
+                         f"earlier ccexp run (outputs/runs/<date>/<run id>), a .csv or .json file, or a list")
+    with open(table, newline="") as f:
+        header = next(csv.reader(f), [])
+    if "average_weight" not in header:
+        name = ""
+        try:
+            from omegaconf import OmegaConf
+
+            name = f" (sampler={OmegaConf.load(folder / 'resolved_config.yaml').sampler.name})"
+        except Exception:  # noqa: BLE001 (the sampler's name only decorates the message)
+            pass
+        raise CcexpError(f"{_KEY}={str(folder)!r}: that run{name} learned no weights (its tables/clusters.csv has "
+                         f"no average_weight column); give the folder of a sampler=dynamic run (ODM or DoReMi)")
+    rows = _read_csv(table, ("average_weight",))
+    try:
+        return {int(k): v for k, v in rows.items()}
+    except ValueError:
+        raise CcexpError(f"{_KEY}={str(folder)!r}: tables/clusters.csv has a non-integer cluster id") from None
+
+
+def _load(source: str | Path) -> Any:
+    """The weights a path names: a run folder, a .csv or a .json file."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return _run_weights(path)
+    if not path.exists():
+        raise CcexpError(f"{_KEY}={str(source)!r}: no such file or folder; give a list of weights, a .csv or .json "
+                         f"file, or the folder of an earlier ccexp run")
+    if path.suffix.lower() == ".csv":
+        return _read_csv(path, ("weight", "average_weight"))
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CcexpError(f"{_KEY}={str(source)!r} is not readable JSON: {str(e).splitlines()[0]}") from None
+        if not isinstance(data, (list, dict)):
+            raise CcexpError(f"{_KEY}={str(source)!r} must hold a JSON list or object of weights, "
+                             f"not {type(data).__name__}")
+        return data
+    raise CcexpError(f"{_KEY}={str(source)!r}: read .csv and .json files and run folders only")
+
+
+def _cluster_id(key: Any, num_clusters: int, names: list[str] | None) -> int:
+    """A mapping key's cluster id: an integer is an id; a string a name in ``names``, else an id."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        cid = int(key)
+    else:
+        text = str(key).strip()
+        if names is not None and text in names:
+            return names.index(text)
+        try:
+            cid = int(text)
+        except ValueError:
+            known = (f"the clusters are {', '.join(map(repr, names[:12]))}{', ...' if len(names) > 12 else ''}"
+                     if names is not None else
+                     f"this clustering's clusters have no names (k-means: use ids 0..{num_clusters - 1}, or a list)")
+            raise CcexpError(f"{_KEY}: unknown cluster {text!r}; {known}") from None
+    if not 0 <= cid < num_clusters:
+        raise CcexpError(f"{_KEY}: cluster {cid} is not a cluster id of this clustering (0..{num_clusters - 1})")
+    return cid
+
+
+def mixture_weights(weights: Any, sizes: np.ndarray, cluster_names: list[str] | None = None) -> np.ndarray:
+    """float64[K]: the given weights, normalised over the clusters with training documents.
+
+    Args:
+        weights: a list of K numbers, a mapping {cluster name or id: weight}, or a path (str or Path) to
+            a .csv, a .json or an earlier run's folder (see the module docstring).
+        sizes: int64[K] training documents per cluster.
+        cluster_names: the clusters' names (K strings), when the clustering has them.
+
+    Raises:
+        CcexpError: one line naming ``sampler.weights``, for a wrong count, a negative, NaN or infinite
+            weight, all weights zero (or only on empty clusters), an unknown cluster, or an unreadable
+            source.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    k = int(sizes.size)
+    if cluster_names is not None:
+        cluster_names = [str(n) for n in cluster_names]
+        if len(cluster_names) != k:
+            raise CcexpError(f"sampler: {len(cluster_names)} cluster names for {k} clusters")
+    if isinstance(weights, (str, Path)):
+        weights = _load(weights)
+    if isinstance(weights, np.ndarray):
+        weights = weights.tolist()
+    if isinstance(weights, Mapping):
+        if not weights:
+            raise CcexpError(f"{_KEY} is an empty mapping; give a weight for at least one cluster")
+        values = {key: _number(v, f"the weight of cluster {key!r}") for key, v in weights.items()}
+        if k == 1:  # the one-cluster stand-in (see the module docstring)
+            return _check_total(np.array([sum(values.values())]), sizes)
+        w, seen = np.zeros(k), {}
+        for key, v in values.items():
+            cid = _cluster_id(key, k, cluster_names)
+            if cid in seen:
+                raise CcexpError(f"{_KEY}: cluster {cid} is given twice (as {seen[cid]!r} and {key!r})")
+            seen[cid], w[cid] = key, v
+        left_out = [(cluster_names[c] if cluster_names else str(c)) for c in np.flatnonzero(w == 0) if sizes[c]]
+        if left_out:
+            log.info("mixture: clusters without weight (never drawn): %s", ", ".join(left_out[:20]))
+    elif isinstance(weights, (list, tuple)):
+        w = np.array([_number(v, f"weight {i}") for i, v in enumerate(weights)], dtype=np.float64)
+        if k == 1:  # the one-cluster stand-in
+            return _check_total(np.array([w.sum()]) if w.size else w, sizes)
+        if w.size != k:
+            raise CcexpError(f"{_KEY} has {w.size} weights but the clustering has {k} clusters; give one weight per "
+                             f"cluster (ids 0..{k - 1}) or a mapping {{cluster: weight}}")
+    else:
+        raise CcexpError(f"{_KEY}={weights!r}: give a list of weights, a mapping {{cluster: weight}}, a .csv or .json "
+                         f"file, or the folder of an earlier ccexp run")
+    return _check_total(w, sizes, cluster_names)
+
+
+def _check_total(w: np.ndarray, sizes: np.ndarray, names: list[str] | None = None) -> np.ndarray:
+    """Zero the weight of empty clusters (warning when some was given) and normalise."""
+    if w.size == 0 or not w.sum() > 0:
+        raise CcexpError(f"{_KEY}: every weight is 0; give at least one cluster a positive weight")
+    empty = (sizes == 0) & (w > 0)
+    if empty.any():
+        which = ", ".join((names[c] if names else str(c)) for c in np.flatnonzero(empty)[:20])
+        if not (w * (sizes > 0)).sum() > 0:
+            raise CcexpError(f"{_KEY}: all the weight is on clusters without training documents ({which})")
+        log.warning("mixture: clusters %s have no training documents; their weight (%.3g of %.3g) is dropped",
+                    which, float(w[empty].sum()), float(w.sum()))
+        w = np.where(sizes > 0, w, 0.0)
+    return w / w.sum()
+
+
+class MixtureSampler(UniformSampler):
+    """Clusters i.i.d. from given weights, documents by passes, an optional repetition cap; see the
+    module docstring and :class:`~ccexp.sampling.base.Sampler` for the shared arguments
+    (``labels`` int32[N], ``sizes`` int64[K], ``block_size``, ``seed``, ``document_tokens`` int64[N],
+    ``token_budget``).
+
+    Args:
+        weights: the mixture — a list of K numbers >= 0, a mapping {cluster name or id: weight}, or a
+            path (str) to a .csv, a .json or an earlier ccexp run's folder; normalised.
+        cluster_names: a runtime input, the clustering's K cluster names when it has them (label
+            values with ``clusterer=labels``); None for k-means, whose mapping keys must be ids.
+        max_repetitions: M >= 1, the most times a document is drawn (OLMo-core's max repetition
+            factor), or None for no cap.
+        on_exhausted: ``"error"`` (a budget above the cap's supply is refused; an exhausted stream
+            ends) or ``"reset"`` (the repetition counts start again).
+
+    Raises:
+        CcexpError: one line for bad weights (naming ``sampler.weights``), M < 1, an unknown
+            ``on_exhausted``, or a token budget the cap cannot supply.
+    """
+
+    name = "mixture"
+
+    def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
+                 document_tokens: np.ndarray | None = None, token_budget: int | None = None, weights: Any = None,
+                 cluster_names: list[str] | None = None, max_repetitions: int | None = None,
+                 on_exhausted: str = "error"):
+        if weights is None:
+            raise CcexpError(f"{_KEY} is required: a list of weights, a mapping {{cluster: weight}}, a .csv or .json "
+                             f"file, or the folder of an earlier ccexp run")
+        if on_exhausted not in ("error", "reset"):
+            raise CcexpError(f"sampler.on_exhausted={on_exhausted!r} is not an option; use 'error' or 'reset'")
+        clip = (None if max_repetitions is None else
+                RepetitionClip(np.asarray(sizes), max_repetitions, on_exhausted, setting="sampler.max_repetitions"))
+        super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
+                         token_budget=token_budget, clip=clip)
+        self.max_repetitions = None if clip is None else clip.threshold
+        self._pi = mixture_weights(weights, self.sizes, cluster_names)
+        if clip is not None:
+            self._check_supply()
+
+    def _check_supply(self) -> None:
+        """Refuse a budget above ``M ·`` the tokens of the clusters with weight (``on_exhausted=error``);
+        warn when clusters will be clipped before the run ends (the mix then drifts from the weights)."""
+        if self.token_budget is None:
+            return
+        tokens = (self.document_tokens if self.document_tokens is not None
+                  else np.ones(self.num_documents, np.int64))
+        cluster_tokens = np.bincount(self.labels, weights=tokens, minlength=self.num_clusters)
+        m, drawn = self.clip.threshold, self._pi > 0
+        supply = m * int(cluster_tokens[drawn].sum())
+        if self.clip.ends_stream and self.token_budget > supply:
+            docs = int(self.sizes[drawn].sum())
+            raise CcexpError(f"sampler.max_repetitions={m} allows at most {m * docs:,} document draws = {supply:,} "
+                             f"tokens from the {docs:,} training documents of the clusters with weight; the run needs "
+                             f"{self.token_budget:,} tokens; raise sampler.max_repetitions, lower train.steps or "
+                             f"train.tokens_per_step, or set sampler.on_exhausted=reset")
+        mean = np.divide(cluster_tokens, self.sizes, out=np.ones(self.num_clusters), where=self.sizes > 0)
+        draws = self.token_budget / float((self._pi * mean).sum())  # expected documents of the run
+        short = np.flatnonzero(self._pi * draws > m * self.sizes)
+        if short.size:
+            log.warning("mixture: at these weights clusters %s need more than sampler.max_repetitions=%d passes; "
+                        "they will be clipped and the rest of the run drawn from the others in their proportions",
+                        ", ".join(map(str, short[:20])), m)
+
+    def weights(self) -> np.ndarray:
+        """float64[K]: the probability of drawing each cluster (the given mix, normalised)."""
+        return self._pi.copy()
+
+    def _quota(self, exposure: np.ndarray) -> np.ndarray | None:
+        quota = super()._quota(exposure)
+        return None if quota is None else np.where(self._pi > 0, quota, 0)  # weight 0: never drawn
+
+    def _draw(self, lane: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, _MIXTURE_STREAM, self._blocks])
+        return self._iid_documents(rng, self._pi, self.block_size)
+
+    def active_clusters(self) -> int:
+        quota = self._quota(self._exposure)
+        return int(np.count_nonzero(self._pi > 0 if quota is None else quota > 0))
+
+    def clipped(self) -> np.ndarray:
+        return super().clipped() & (self._pi > 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "mixture_weights": self._pi.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            CcexpError: if the state was saved with other weights.
+        """
+        saved = state.get("mixture_weights")
+        if saved is not None and (len(saved) != self.num_clusters or not np.allclose(saved, self._pi, atol=1e-12)):
+            raise CcexpError("sampler state was saved with other sampler.weights; resume with the same weights")
+        super().load_state_dict(state)

@@ -1,0 +1,280 @@
+"""``sampler=mixture``: a fixed, given cluster mix (DoReMi's train-on-the-learned-weights recipe), with
+OLMo-core's max repetition factor. Determinism, exact resume and world-size independence are also
+checked for it by the shared tests (tests/test_sampling_properties.py, tests/test_token_stream.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ccexp.errors import CcexpError
+from ccexp.evaluation.balance import write_cluster_table
+from ccexp.sampling import MixtureSampler
+
+# the chance that a correct sampler fails one example of the mix test (the per-cluster bounds share it, Bonferroni)
+FALSE_FAILURE = 1e-7
+
+
+def corpus(sizes, seed=0):
+    sizes = np.asarray(sizes, dtype=np.int64)
+    labels = np.random.default_rng(seed).permutation(np.repeat(np.arange(sizes.size), sizes)).astype(np.int32)
+    return labels, sizes
+
+
+def counts(sampler, blocks):
+    docs = np.concatenate([sampler.next_block() for _ in range(blocks)])
+    return np.bincount(sampler.labels[docs], minlength=sampler.num_clusters), docs
+
+
+def binomial_p_values(observed: np.ndarray, n: int, p: np.ndarray) -> np.ndarray:
+    """Exact two-sided binomial p-values (twice the smaller tail, at most 1) of each cluster's count."""
+    low = stats.binom.cdf(observed, n, p)
+    high = stats.binom.sf(observed - 1, n, p)
+    return np.minimum(1.0, 2 * np.minimum(low, high))
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights=st.lists(st.one_of(st.just(0.0), st.floats(0.01, 10.0)), min_size=2, max_size=7)
+       .filter(lambda w: sum(w) > 0),
+       sizes=st.lists(st.integers(1, 30), min_size=7, max_size=7), block=st.integers(1, 300), seed=st.integers(0, 2**31))
+def test_the_cluster_mix_reproduces_the_given_weights_within_sampling_error(weights, sizes, block, seed):
+    """Each draw's cluster is i.i.d. from the normalised weights, so cluster c's count over n draws is
+    Binomial(n, π_c): every count must pass an exact two-sided binomial test at FALSE_FAILURE / K
+    (Bonferroni over the K clusters); clusters of weight 0 are never drawn."""
+    k = len(weights)
+    labels, sizes = corpus(sizes[:k], seed=seed % 1000)
+    s = MixtureSampler(labels, sizes, block_size=block, seed=seed, weights=weights)
+    pi = np.asarray(weights) / sum(weights)
+    got, _ = counts(s, -(-3000 // block))
+    n = int(got.sum())
+    assert n == -(-3000 // block) * block
+    assert np.all(got[pi == 0] == 0)
+    p_values = binomial_p_values(got[pi > 0], n, pi[pi > 0])
+    assert p_values.min() >= FALSE_FAILURE / k, (got / n, pi)
+    assert np.allclose(s.weights(), pi)
+
+
+def test_the_bound_detects_a_wrong_mix():
+    """The test above has power: 3,000 draws from [0.5, 0.3, 0.2] fail it against a mix 5 points off."""
+    labels, sizes = corpus([20, 20, 20])
+    got, _ = counts(MixtureSampler(labels, sizes, block_size=100, seed=0, weights=[0.5, 0.3, 0.2]), 30)
+    assert binomial_p_values(got, 3000, np.array([0.5, 0.3, 0.2])).min() >= FALSE_FAILURE / 3
+    assert binomial_p_values(got, 3000, np.array([0.45, 0.35, 0.2])).min() < FALSE_FAILURE / 3
+
+
+def test_stream_is_a_function_of_the_seed_and_documents_are_passes():
+    labels, sizes = corpus([30, 10, 5])
+    a = counts(MixtureSampler(labels, sizes, block_size=16, seed=4, weights=[1, 2, 3]), 20)[1]
+    b = counts(MixtureSampler(labels, sizes, block_size=16, seed=4, weights=[1, 2, 3]), 20)[1]
+    c = counts(MixtureSampler(labels, sizes, block_size=16, seed=5, weights=[1, 2, 3]), 20)[1]
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    reps = np.bincount(a, minlength=labels.size)
+    for cl in range(3):  # within a cluster repetition counts differ by at most one
+        assert np.ptp(reps[labels == cl]) <= 1
+
+
+def test_resume_mid_stream_across_a_clip_reset():
+    labels, sizes = corpus([12, 5, 3, 0, 7])
+    kw = dict(block_size=7, seed=9, weights=[3, 1, 1, 0, 2], max_repetitions=2, on_exhausted="reset")
+    full = counts(MixtureSampler(labels, sizes, **kw), 20)[1]
+    first = MixtureSampler(labels, sizes, **kw)
+    counts(first, 8)  # 56 draws: past the first reset (2 · 27 = 54 draws)
+    assert first.clip.resets == 1
+    resumed = MixtureSampler(labels, sizes, **kw)
+    resumed.load_state_dict(first.state_dict())
+    assert np.array_equal(counts(resumed, 12)[1], full[56:])
+    other = MixtureSampler(labels, sizes, **{**kw, "weights": [1, 1, 1, 0, 1]})
+    with pytest.raises(CcexpError, match="other sampler.weights"):
+        other.load_state_dict(first.state_dict())
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 3), block=st.integers(1, 20), seed=st.integers(0, 2**31),
+       weights=st.lists(st.integers(0, 5), min_size=4, max_size=4).filter(lambda w: sum(w) > 0))
+def test_no_document_is_drawn_more_than_max_repetitions_and_the_stream_ends(m, block, seed, weights):
+    labels, sizes = corpus([9, 4, 2, 6], seed=seed % 100)
+    s = MixtureSampler(labels, sizes, block_size=block, seed=seed, weights=weights, max_repetitions=m)
+    drawn = []
+    with pytest.raises(CcexpError, match="sampler.max_repetitions"):
+        for _ in range(1000):
+            drawn.append(s.next_block())
+            assert s.max_repetition() <= m
+    reps = np.bincount(np.concatenate(drawn), minlength=labels.size)
+    weighted = np.asarray(weights)[labels] > 0
+    assert np.all(reps[weighted] == m) and np.all(reps[~weighted] == 0)  # the whole supply, nothing of weight 0
+    assert all(len(b) == block for b in drawn[:-1])  # only the last block may be short
+
+
+def test_reset_starts_the_repetition_counts_again():
+    labels, sizes = corpus([6, 2, 4])
+    s = MixtureSampler(labels, sizes, block_size=5, seed=1, weights=[1, 1, 0], max_repetitions=2, on_exhausted="reset")
+    docs = counts(s, 20)[1]  # 100 draws over 2 · 8 = 16 per period
+    assert s.clip.resets == 6 and s.max_repetition() <= 2
+    assert set(labels[docs]) == {0, 1} and s.active_clusters() <= 2 and not s.clipped()[2]
+
+
+def test_the_token_budget_is_checked_against_the_weighted_clusters_supply():
+    labels, sizes = corpus([10, 10, 10])
+    tokens = np.full(30, 5)
+    kw = dict(weights=[1, 1, 0], max_repetitions=2, document_tokens=tokens)
+    MixtureSampler(labels, sizes, token_budget=2 * 20 * 5, **kw)  # exactly the supply of clusters 0 and 1
+    with pytest.raises(CcexpError, match=r"sampler.max_repetitions=2 allows at most 40 document draws = 200 tokens"):
+        MixtureSampler(labels, sizes, token_budget=201, **kw)
+    MixtureSampler(labels, sizes, token_budget=10_000, on_exhausted="reset", **kw)  # reset: no limit
+
+
+def test_a_cap_that_clips_a_cluster_early_is_warned_about(caplog):
+    labels, sizes = corpus([2, 50])
+    MixtureSampler(labels, sizes, weights=[0.5, 0.5], max_repetitions=3, token_budget=100, on_exhausted="reset")
+    assert "clusters 0 need more than sampler.max_repetitions=3 passes" in caplog.text
+
+
+# -- where the weights come from --------------------------------------------------------------
+SIZES = np.array([10, 20, 30, 40])
+EXPECT = np.array([0.1, 0.2, 0.3, 0.4])
+
+
+def weights_of(source, names=None, sizes=SIZES):
+    labels, sizes = corpus(sizes)
+    return MixtureSampler(labels, sizes, weights=source, cluster_names=names).weights()
+
+
+def test_weights_from_a_list_and_mappings_by_id_or_name():
+    assert np.allclose(weights_of([1, 2, 3, 4]), EXPECT)
+    assert np.allclose(weights_of({3: 4, 0: 1, 1: 2, 2: 3}), EXPECT)
+    assert np.allclose(weights_of({"3": 0.4, "0": 0.1, "1": 0.2, "2": 0.3}), EXPECT)  # ids as strings (JSON, CSV)
+    names = ["code", "legal", "prose", "web"]  # sorted label values, as clusterer=labels numbers them
+    assert np.allclose(weights_of({"web": 4, "prose": 3, "legal": 2, "code": 1}, names), EXPECT)
+    assert np.allclose(weights_of({"web": 1, "code": 1}, names), [0.5, 0, 0, 0.5])  # left out: weight 0
+
+
+def test_weights_from_csv_and_json_files(tmp_path):
+    (tmp_path / "w.csv").write_text("cluster,weight\ncode,1\nlegal,2\nprose,3\nweb,4\n")
+    assert np.allclose(weights_of(str(tmp_path / "w.csv"), ["code", "legal", "prose", "web"]), EXPECT)
+    (tmp_path / "ids.csv").write_text("cluster,average_weight\n0,0.1\n1,0.2\n2,0.3\n3,0.4\n")
+    assert np.allclose(weights_of(str(tmp_path / "ids.csv")), EXPECT)
+    (tmp_path / "w.json").write_text(json.dumps([0.1, 0.2, 0.3, 0.4]))
+    assert np.allclose(weights_of(str(tmp_path / "w.json")), EXPECT)
+    (tmp_path / "m.json").write_text(json.dumps({"code": 1, "legal": 2, "prose": 3, "web": 4}))
+    assert np.allclose(weights_of(str(tmp_path / "m.json"), ["code", "legal", "prose", "web"]), EXPECT)
+
+
+def run_folder(path, average_weights):
+    """A run folder's tables/clusters.csv, written by the same function a ccexp run uses."""
+    k = SIZES.size
+    write_cluster_table(path / "tables" / "clusters.csv", sizes=SIZES, exposure=SIZES * 3, loss_sum=np.ones(k),
+                        loss_tokens=np.full(k, 10), average_weights=average_weights,
+                        per_cluster={"documents": np.ones(k, int), "tokens": np.ones(k, int), "ppl": np.ones(k)})
+    return path
+
+
+def test_weights_learned_by_an_earlier_run(tmp_path):
+    learned = np.array([0.1, 0.2, 0.3, 0.4])
+    assert np.allclose(weights_of(str(run_folder(tmp_path / "dynamic", learned))), learned, atol=1e-6)
+    (tmp_path / "random").mkdir()
+    (tmp_path / "random" / "resolved_config.yaml").write_text("sampler:\n  name: random\n")
+    with pytest.raises(CcexpError, match=r"that run \(sampler=random\) learned no weights"):
+        weights_of(str(run_folder(tmp_path / "random", None)))
+
+
+def test_empty_clusters_get_no_weight(caplog):
+    assert np.allclose(weights_of([1, 1, 2], sizes=[5, 0, 5]), [1 / 3, 0, 2 / 3])
+    assert "clusters 1 have no training documents" in caplog.text
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text and "sampler.weights" in text, text
+    return text
+
+
+@pytest.mark.parametrize("source,names,message", [
+    ([1, 2, 3], None, "has 3 weights but the clustering has 4 clusters"),
+    ([1, -2, 3, 4], None, "weight 1 is -2.0; weights must be >= 0"),
+    ([0, 0, 0, 0], None, "every weight is 0"),
+    ([1, float("nan"), 3, 4], None, "weight 1 is nan"),
+    ([1, "x", 3, 4], None, "weight 1 is 'x', not a number"),
+    ({"web": 1}, None, "unknown cluster 'web'; this clustering's clusters have no names"),
+    ({"webb": 1}, ["code", "legal", "prose", "web"], "unknown cluster 'webb'; the clusters are 'code'"),
+    ({7: 1}, None, "cluster 7 is not a cluster id of this clustering (0..3)"),
+    ({0: 1, "0": 2}, None, "cluster 0 is given twice"),
+    ("no/such/file.csv", None, "no such file or folder"),
+    (0.5, None, "give a list of weights"),
+])
+def test_bad_weights_give_one_line_naming_the_setting(source, names, message):
+    with pytest.raises(CcexpError) as e:
+        weights_of(source, names)
+    assert message in one_line(e)
+
+
+def test_bad_files_give_one_line(tmp_path):
+    (tmp_path / "w.csv").write_text("name,weight\na,1\n")
+    (tmp_path / "w.json").write_text("{not json")
+    (tmp_path / "w.txt").write_text("1 2 3 4")
+    (tmp_path / "empty").mkdir()
+    for path, message in [("w.csv", "needs a 'cluster' column"), ("w.json", "not readable JSON"),
+                          ("w.txt", "read .csv and .json files"), ("empty", "without tables/clusters.csv")]:
+        with pytest.raises(CcexpError) as e:
+            weights_of(str(tmp_path / path))
+        assert message in one_line(e)
+    with pytest.raises(CcexpError, match="all the weight is on clusters without training documents"):
+        weights_of([1, 0, 1], sizes=[0, 4, 0])
+
+
+def test_one_cluster_stand_in_checks_values_not_count():
+    """Pre-flight (clusterer=labels) and the budget check before the embedding build the policy over
+    one cluster: any count of valid weights is the mix [1]; bad values still fail."""
+    labels, sizes = corpus([12])
+    assert MixtureSampler(labels, sizes, weights=[0.5, 0.3, 0.2]).weights().tolist() == [1.0]
+    assert MixtureSampler(labels, sizes, weights={"web": 2}).weights().tolist() == [1.0]
+    with pytest.raises(CcexpError, match="weights must be >= 0"):
+        MixtureSampler(labels, sizes, weights=[0.5, -1])
+
+
+@pytest.mark.parametrize("bad,message", [(dict(max_repetitions=0), "sampler.max_repetitions must be an integer >= 1"),
+                                         (dict(on_exhausted="stop"), "sampler.on_exhausted='stop' is not an option"),
+                                         (dict(weights=None), "sampler.weights is required")])
+def test_bad_options(bad, message):
+    labels, sizes = corpus([3, 3])
+    with pytest.raises(CcexpError, match=message.replace("(", r"\(")):
+        MixtureSampler(labels, sizes, **{"weights": [1, 1], **bad})
+
+
+# -- the config option ------------------------------------------------------------------------
+def test_the_config_option_builds_the_sampler_and_preflight_requires_weights():
+    from ccexp import config, preflight
+    from ccexp.build import build
+
+    assert config.MixtureConfig.needs == frozenset({"cluster_names"})
+    cfg = config.compose(["sampler=mixture", "sampler.weights=[0.5,0.3,0.2]", "clusterer.k=3"])
+    preflight._check_components(cfg)
+    s = build(cfg.sampler, "sampler", labels=np.arange(3, dtype=np.int32), sizes=np.ones(3, dtype=np.int64))
+    assert isinstance(s, MixtureSampler) and np.allclose(s.weights(), [0.5, 0.3, 0.2])
+    with pytest.raises(CcexpError, match="sampler.weights has 3 weights but the clustering has 4"):
+        preflight._check_components(config.compose(["sampler=mixture", "sampler.weights=[0.5,0.3,0.2]",
+                                                    "clusterer.k=4"]))
+    with pytest.raises(CcexpError, match="sampler.weights is required"):
+        preflight._check_missing(config.compose(["sampler=mixture"]))
+
+
+@pytest.mark.slow
+def test_a_run_trains_on_the_given_mixture(tmp_path):
+    """``python -m ccexp sampler=mixture 'sampler.weights=[...]'`` end to end (the cases' tiny run, 25-50 s):
+    a cluster of weight 0 is never trained on, and the cap holds."""
+    import csv
+
+    from conftest import ROOT, run_ccexp
+    from test_cases import CASES, TINY
+
+    proc = run_ccexp(*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={tmp_path}", "sampler=mixture",
+                     "sampler.weights=[0.4,0.3,0.3,0]", "sampler.max_repetitions=8", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (table,) = tmp_path.glob("runs/*/*/tables/clusters.csv")
+    rows = list(csv.DictReader(open(table)))
+    exposure = np.array([int(r["exposure"]) for r in rows])
+    sizes = np.array([int(r["train_size"]) for r in rows])
+    assert exposure[3] == 0 and exposure[:3].min() > 0 and np.all(exposure <= 8 * sizes)
