@@ -456,7 +456,9 @@ class UniMaxConfig(SamplerConfig):
 @dataclass
 class MixtureConfig(SamplerConfig):
     _target_: str = "ccexp.sampling.MixtureSampler"
-    needs: ClassVar[frozenset[str]] = frozenset({"cluster_names"})  # runtime inputs from the run, not config keys
+    # no run-time inputs: the run does not pass the clustering's names (cluster_names) yet, so a mapping's keys
+    # are cluster ids
+    needs: ClassVar[frozenset] = frozenset()
     weights: Any = MISSING  # one per cluster: [w0, w1, ...], {cluster: w}, a .csv / .json file, or an earlier run's folder
     max_repetitions: Optional[int] = ge(1, None)  # OLMo-core's max repetition factor: no document drawn more often; null = no cap
     on_exhausted: str = "error"  # error | reset: what a cap that exhausts every weighted cluster does

@@ -249,7 +249,6 @@ def test_the_config_option_builds_the_sampler_and_preflight_requires_weights():
     from ccexp import config, preflight
     from ccexp.build import build
 
-    assert config.MixtureConfig.needs == frozenset({"cluster_names"})
     cfg = config.compose(["sampler=mixture", "sampler.weights=[0.5,0.3,0.2]", "clusterer.k=3"])
     preflight._check_components(cfg)
     s = build(cfg.sampler, "sampler", labels=np.arange(3, dtype=np.int32), sizes=np.ones(3, dtype=np.int64))
