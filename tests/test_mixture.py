@@ -14,15 +14,11 @@ from scipy import stats
 from ccexp.errors import CcexpError
 from ccexp.evaluation.balance import write_cluster_table
 from ccexp.sampling import MixtureSampler
+from helpers import clustered_documents
 
 # the chance that a correct sampler fails one example of the mix test (the per-cluster bounds share it, Bonferroni)
 FALSE_FAILURE = 1e-7
 
-
-def corpus(sizes, seed=0):
-    sizes = np.asarray(sizes, dtype=np.int64)
-    labels = np.random.default_rng(seed).permutation(np.repeat(np.arange(sizes.size), sizes)).astype(np.int32)
-    return labels, sizes
 
 
 def counts(sampler, blocks):
@@ -46,7 +42,7 @@ def test_the_cluster_mix_reproduces_the_given_weights_within_sampling_error(weig
     Binomial(n, π_c): every count must pass an exact two-sided binomial test at FALSE_FAILURE / K
     (Bonferroni over the K clusters); clusters of weight 0 are never drawn."""
     k = len(weights)
-    labels, sizes = corpus(sizes[:k], seed=seed % 1000)
+    labels, sizes = clustered_documents(sizes[:k], seed=seed % 1000)
     s = MixtureSampler(labels, sizes, block_size=block, seed=seed, weights=weights)
     pi = np.asarray(weights) / sum(weights)
     got, _ = counts(s, -(-3000 // block))
@@ -60,14 +56,14 @@ def test_the_cluster_mix_reproduces_the_given_weights_within_sampling_error(weig
 
 def test_the_bound_detects_a_wrong_mix():
     """The test above has power: 3,000 draws from [0.5, 0.3, 0.2] fail it against a mix 5 points off."""
-    labels, sizes = corpus([20, 20, 20])
+    labels, sizes = clustered_documents([20, 20, 20])
     got, _ = counts(MixtureSampler(labels, sizes, block_size=100, seed=0, weights=[0.5, 0.3, 0.2]), 30)
     assert binomial_p_values(got, 3000, np.array([0.5, 0.3, 0.2])).min() >= FALSE_FAILURE / 3
     assert binomial_p_values(got, 3000, np.array([0.45, 0.35, 0.2])).min() < FALSE_FAILURE / 3
 
 
 def test_stream_is_a_function_of_the_seed_and_documents_are_passes():
-    labels, sizes = corpus([30, 10, 5])
+    labels, sizes = clustered_documents([30, 10, 5])
     a = counts(MixtureSampler(labels, sizes, block_size=16, seed=4, weights=[1, 2, 3]), 20)[1]
     b = counts(MixtureSampler(labels, sizes, block_size=16, seed=4, weights=[1, 2, 3]), 20)[1]
     c = counts(MixtureSampler(labels, sizes, block_size=16, seed=5, weights=[1, 2, 3]), 20)[1]
@@ -78,7 +74,7 @@ def test_stream_is_a_function_of_the_seed_and_documents_are_passes():
 
 
 def test_resume_mid_stream_across_a_clip_reset():
-    labels, sizes = corpus([12, 5, 3, 0, 7])
+    labels, sizes = clustered_documents([12, 5, 3, 0, 7])
     kw = dict(block_size=7, seed=9, weights=[3, 1, 1, 0, 2], max_repetitions=2, on_exhausted="reset")
     full = counts(MixtureSampler(labels, sizes, **kw), 20)[1]
     first = MixtureSampler(labels, sizes, **kw)
@@ -96,7 +92,7 @@ def test_resume_mid_stream_across_a_clip_reset():
 @given(m=st.integers(1, 3), block=st.integers(1, 20), seed=st.integers(0, 2**31),
        weights=st.lists(st.integers(0, 5), min_size=4, max_size=4).filter(lambda w: sum(w) > 0))
 def test_no_document_is_drawn_more_than_max_repetitions_and_the_stream_ends(m, block, seed, weights):
-    labels, sizes = corpus([9, 4, 2, 6], seed=seed % 100)
+    labels, sizes = clustered_documents([9, 4, 2, 6], seed=seed % 100)
     s = MixtureSampler(labels, sizes, block_size=block, seed=seed, weights=weights, max_repetitions=m)
     drawn = []
     with pytest.raises(CcexpError, match="sampler.max_repetitions"):
@@ -110,7 +106,7 @@ def test_no_document_is_drawn_more_than_max_repetitions_and_the_stream_ends(m, b
 
 
 def test_reset_starts_the_repetition_counts_again():
-    labels, sizes = corpus([6, 2, 4])
+    labels, sizes = clustered_documents([6, 2, 4])
     s = MixtureSampler(labels, sizes, block_size=5, seed=1, weights=[1, 1, 0], max_repetitions=2, on_exhausted="reset")
     docs = counts(s, 20)[1]  # 100 draws over 2 · 8 = 16 per period
     assert s.clip.resets == 6 and s.max_repetition() <= 2
@@ -118,7 +114,7 @@ def test_reset_starts_the_repetition_counts_again():
 
 
 def test_the_token_budget_is_checked_against_the_weighted_clusters_supply():
-    labels, sizes = corpus([10, 10, 10])
+    labels, sizes = clustered_documents([10, 10, 10])
     tokens = np.full(30, 5)
     kw = dict(weights=[1, 1, 0], max_repetitions=2, document_tokens=tokens)
     MixtureSampler(labels, sizes, token_budget=2 * 20 * 5, **kw)  # exactly the supply of clusters 0 and 1
@@ -128,7 +124,7 @@ def test_the_token_budget_is_checked_against_the_weighted_clusters_supply():
 
 
 def test_a_cap_that_clips_a_cluster_early_is_warned_about(caplog):
-    labels, sizes = corpus([2, 50])
+    labels, sizes = clustered_documents([2, 50])
     MixtureSampler(labels, sizes, weights=[0.5, 0.5], max_repetitions=3, token_budget=100, on_exhausted="reset")
     assert "clusters 0 need more than sampler.max_repetitions=3 passes" in caplog.text
 
@@ -139,7 +135,7 @@ EXPECT = np.array([0.1, 0.2, 0.3, 0.4])
 
 
 def weights_of(source, names=None, sizes=SIZES):
-    labels, sizes = corpus(sizes)
+    labels, sizes = clustered_documents(sizes)
     return MixtureSampler(labels, sizes, weights=source, cluster_names=names).weights()
 
 
@@ -228,7 +224,7 @@ def test_bad_files_give_one_line(tmp_path):
 def test_one_cluster_stand_in_checks_values_not_count():
     """Pre-flight (clusterer=labels) and the budget check before the embedding build the policy over
     one cluster: any count of valid weights is the mix [1]; bad values still fail."""
-    labels, sizes = corpus([12])
+    labels, sizes = clustered_documents([12])
     assert MixtureSampler(labels, sizes, weights=[0.5, 0.3, 0.2]).weights().tolist() == [1.0]
     assert MixtureSampler(labels, sizes, weights={"web": 2}).weights().tolist() == [1.0]
     with pytest.raises(CcexpError, match="weights must be >= 0"):
@@ -239,7 +235,7 @@ def test_one_cluster_stand_in_checks_values_not_count():
                                          (dict(on_exhausted="stop"), "sampler.on_exhausted='stop' is not an option"),
                                          (dict(weights=None), "sampler.weights is required")])
 def test_bad_options(bad, message):
-    labels, sizes = corpus([3, 3])
+    labels, sizes = clustered_documents([3, 3])
     with pytest.raises(CcexpError, match=message.replace("(", r"\(")):
         MixtureSampler(labels, sizes, **{"weights": [1, 1], **bad})
 

@@ -12,14 +12,10 @@ from ccexp.errors import CcexpError
 from ccexp.sampling import RandomSampler, TemperatureSampler, UniformSampler, UniMaxSampler
 from ccexp.sampling.temperature import temperature_weights
 from ccexp.sampling.unimax import unimax_allocation
+from helpers import clustered_documents
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
-
-def clusters(sizes, seed=0):
-    sizes = np.asarray(sizes, dtype=np.int64)
-    labels = np.random.default_rng(seed).permutation(np.repeat(np.arange(sizes.size), sizes)).astype(np.int32)
-    return labels, sizes
 
 
 def frequencies(sampler, blocks):
@@ -44,20 +40,20 @@ def test_temperature_weights_interpolate_between_the_corpus_mix_and_uniform(size
 
 @pytest.mark.parametrize("alpha,baseline", [(1.0, RandomSampler), (0.0, UniformSampler)])
 def test_temperature_ends_match_random_and_uniform_cluster_mixes(alpha, baseline):
-    labels, sizes = clusters([2000, 400, 60, 0, 10])
+    labels, sizes = clustered_documents([2000, 400, 60, 0, 10])
     got = frequencies(TemperatureSampler(labels, sizes, block_size=500, seed=1, alpha=alpha), 80)
     want = frequencies(baseline(labels, sizes, block_size=500, seed=1), 80)
     np.testing.assert_allclose(got, want, atol=0.01)
 
 
 def test_temperature_half_flattens_the_mix_as_the_formula_says():
-    labels, sizes = clusters([4000, 400, 40])
+    labels, sizes = clustered_documents([4000, 400, 40])
     got = frequencies(TemperatureSampler(labels, sizes, block_size=1000, seed=2, alpha=0.5), 100)
     np.testing.assert_allclose(got, np.sqrt(sizes) / np.sqrt(sizes).sum(), atol=0.01)
 
 
 def test_temperature_alpha_out_of_range_is_refused():
-    labels, sizes = clusters([3, 3])
+    labels, sizes = clustered_documents([3, 3])
     with pytest.raises(CcexpError, match=r"sampler.alpha=1.5 must be in \[0, 1\]"):
         TemperatureSampler(labels, sizes, alpha=1.5)
 
@@ -90,14 +86,14 @@ def test_unimax_allocation_is_the_papers_algorithm_and_respects_the_cap(t, epoch
 
 
 def test_unimax_equals_uniform_when_every_cluster_absorbs_the_uniform_share():
-    labels, sizes = clusters([300, 200, 100])
+    labels, sizes = clustered_documents([300, 200, 100])
     s = UniMaxSampler(labels, sizes, block_size=30, seed=0, max_epochs=4, token_budget=300)  # 100 docs each
     np.testing.assert_allclose(s.allocation, [100, 100, 100])
     np.testing.assert_allclose(s.weights(), 1 / 3)
 
 
 def test_unimax_never_draws_a_document_more_than_max_epochs_times():
-    labels, sizes = clusters([500, 40, 5])
+    labels, sizes = clustered_documents([500, 40, 5])
     tokens = np.random.default_rng(0).integers(1, 50, labels.size)
     budget = int(0.9 * 2 * tokens.sum())  # 90 % of what a cap of 2 epochs can supply
     s = UniMaxSampler(labels, sizes, block_size=64, seed=3, document_tokens=tokens, token_budget=budget, max_epochs=2)
@@ -113,7 +109,7 @@ def test_unimax_never_draws_a_document_more_than_max_epochs_times():
 
 
 def test_unimax_refuses_a_budget_the_cap_cannot_hold():
-    labels, sizes = clusters([10, 10])
+    labels, sizes = clustered_documents([10, 10])
     with pytest.raises(CcexpError, match=r"sampler.max_epochs=2 allows at most 40 document draws = 200 tokens .* raise "
                                          r"sampler.max_epochs"):  # UniMax's own key, not ClusterClip's
         UniMaxSampler(labels, sizes, document_tokens=np.full(20, 5), token_budget=20 * 5 * 3, max_epochs=2)
