@@ -94,7 +94,7 @@ def instantiate_option(group: str, option: str, tmp_path):
 def test_every_option_instantiates(group, option, tmp_path):
     obj = instantiate_option(group, option, tmp_path)
     expected = {"data": "Corpus", "embedder": "Embedder", "clusterer": "LabelGroups" if option == "labels" else "KMeans", "sampler": "Sampler",
-                "model": "LMHeadModel", "trainer": "Trainer", "logger": "MLFlowLogger" if option == "mlflow" else "NoneType",
+                "model": "LMHeadModel", "trainer": "Trainer", "logger": "NoneType" if option == "none" else "MLFlowLogger",
                 "eval": "DictConfig"}[group]
     assert expected in type(obj).__name__ or any(expected in c.__name__ for c in type(obj).__mro__), type(obj)
 
