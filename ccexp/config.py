@@ -607,6 +607,7 @@ class TrainerConfig:
     threads: Optional[int] = ge(1, None, setting=True)  # torch.set_num_threads on CPU; None = torch's default
     enable_progress_bar: bool = True  # Lightning's live bar (ccexp's progress lines are logged either way)
     fsdp: FSDPConfig = setting(default_factory=FSDPConfig)  # used when strategy=fsdp
+    profiler: Optional[Any] = None  # Lightning's profiler: simple | advanced | a mapping with _target_ (debug=profiler); null = off
 
 
 @dataclass
@@ -616,6 +617,8 @@ class LoggerConfig:
     tracking_uri: Optional[str] = None  # default sqlite:///<paths.outputs>/mlflow.db
     artifact_location: Optional[str] = None  # default <paths.outputs>/mlartifacts
     experiment: str = "ccexp"  # the MLflow experiment the runs go to
+    # more Lightning loggers trained beside MLflow: name -> mapping with _target_ (logger=tensorboard); {} = none
+    loggers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -694,6 +697,8 @@ class RootConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    # Lightning callbacks added to the run's own: name -> mapping with _target_ (callbacks=[lr_monitor,device_stats])
+    callbacks: dict = field(default_factory=dict)
 
 
 # (group, schema name, dataclass): every config group option names one of these in its defaults list

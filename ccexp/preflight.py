@@ -65,6 +65,10 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
         check_options(cfg.curate.dedup.threshold, cfg.curate.dedup.keep)
     for group in _GROUPS_WITH_TARGETS:
         check_buildable(cfg[group], group)
+    for group, entries in (("callbacks", cfg.callbacks), ("logger.loggers", cfg.logger.loggers)):
+        for name, entry in (entries or {}).items():
+            if entry is not None:
+                check_buildable(entry, f"{group}.{name}")
     if cfg.train.on_nonfinite not in ("stop", "skip_batch"):
         raise CcexpError(f"train.on_nonfinite={cfg.train.on_nonfinite!r} is not an option; use stop or skip_batch")
     _check_trainer(cfg)

@@ -17,11 +17,8 @@ from mlflow import MlflowClient
 from conftest import ROOT, run_ccexp
 
 CASES = Path(__file__).parent / "cases"
-# the cases' TINY, in tokens: 8 rows of 64 tokens per step (one micro-batch of 8)
-TINY = ["data=jsonl", "data.label_fields=[domain]", "clusterer.k=4", "train.steps=20", "train.tokens_per_step=512",
-        "train.micro_batch_size=8", "train.seq_len=64", "train.max_doc_tokens=64", "eval.max_tokens=63",
-        "model.n_positions=64", "model.tokenizer.vocab_size=512", "trainer.enable_progress_bar=false",
-        "trainer.threads=1"]
+# the cases' TINY: debug=tiny's sizes (20 steps of 8 rows of 64 tokens, one micro-batch of 8) on the cases' jsonl files
+TINY = ["debug=tiny", "data=jsonl", "data.label_fields=[domain]", "train.max_doc_tokens=64", "eval.max_tokens=63"]
 
 
 def ccexp(tmp_path, case: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:

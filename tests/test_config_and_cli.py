@@ -114,7 +114,7 @@ def test_every_option_instantiates(group, option, tmp_path):
     trainer = "FSDPStrategy" if option == "fsdp" and not gpu_available() else "Trainer"
     expected = {"data": "Corpus", "embedder": "Embedder", "clusterer": "LabelGroups" if option == "labels" else "KMeans",
                 "sampler": "Sampler", "model": "LMHeadModel", "trainer": trainer,
-                "logger": "MLFlowLogger" if option == "mlflow" else "NoneType", "eval": "DictConfig"}[group]
+                "logger": "NoneType" if option == "none" else "MLFlowLogger", "eval": "DictConfig"}[group]
     assert expected in type(obj).__name__ or any(expected in c.__name__ for c in type(obj).__mro__), type(obj)
 
 

@@ -290,3 +290,25 @@ def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
         f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+_OWN_KEYS = ("step", "micro", "last_micro", "rows")  # what places a micro-batch in the run: never copied
+
+
+class RepeatFirstBatch(Callback):
+    """``debug=overfit``: every micro-batch trains on the first micro-batch's tokens (copied into it in place
+    before the training step; its step and micro-batch counters stay its own), so the training loss shows
+    whether the model can fit one batch. The stream still draws its documents; only what is trained changes."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, torch.Tensor] | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch: dict, batch_idx: int) -> None:
+        tensors = {k: v for k, v in batch.items() if torch.is_tensor(v) and k not in _OWN_KEYS}
+        if self.first is None:
+            self.first = {k: v.detach().clone() for k, v in tensors.items()}
+            log.info("debug: overfitting one micro-batch of %d rows (%s tokens)", batch["input_ids"].shape[0],
+                     f"{batch['input_ids'].numel():,}")
+            return
+        for key, value in self.first.items():
+            tensors[key].copy_(value)

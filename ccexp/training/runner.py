@@ -28,6 +28,7 @@ from ccexp.sampling import Sampler
 from ccexp.training.callbacks import (BatchRecorder, HeldoutCurve, ProgressLog, SamplerTelemetry, StopOnSignal,
                                       WeightAverage)
 from ccexp.training.data import SamplerDataModule
+from ccexp.training.extras import build_callbacks, build_loggers
 from ccexp.training.module import CausalLMModule
 
 log = logging.getLogger("ccexp")
@@ -305,7 +306,9 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
     callbacks = [telemetry, ProgressLog(cfg.train.log_every_n_steps), build_curve(cfg, split, tokenized, labels),
                  StopOnSignal(run_dir / "checkpoints" / "last.ckpt"), average,
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
-    trainer = build_trainer(cfg, run_dir, logger, [c for c in callbacks if c is not None], model)
+    callbacks += build_callbacks(cfg.get("callbacks"))  # the callbacks group (lr_monitor, debug=overfit, ...)
+    loggers = [x for x in (logger, *build_loggers(cfg.logger.get("loggers"))) if x is not None]  # MLflow first
+    trainer = build_trainer(cfg, run_dir, loggers, [c for c in callbacks if c is not None], model)
     trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
     from lightning.pytorch.strategies import FSDPStrategy
 

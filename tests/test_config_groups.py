@@ -1,0 +1,131 @@
+"""The groups that add to a run without code: ``callbacks/`` and ``logger/`` (Lightning objects built from
+``_target_``, :mod:`ccexp.training.extras`) and ``debug/`` (tiny, overfit, profiler). Every option composes
+and each of its ``_target_`` entries is built for real; TensorBoard and the overfit run train end to end."""
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from omegaconf import OmegaConf, open_dict
+
+from ccexp.__main__ import CONFIG_DIR
+from ccexp.config import compose
+from conftest import run_ccexp
+
+CASES = Path(__file__).parent / "cases"
+DATA = ["data=jsonl", "data.label_fields=[domain]", f"data.path={CASES / 'tiny.jsonl'}"]
+OPTIONS = [(g, p.stem) for g in ("callbacks", "logger", "debug") for p in sorted((CONFIG_DIR / g).glob("*.yaml"))]
+
+
+def targets(node, path: str = ""):
+    """(key, node) of every mapping with a ``_target_`` under ``node``."""
+    if OmegaConf.is_dict(node) and not node._is_none() and not node._is_missing() and not node._is_interpolation():
+        if "_target_" in node:
+            yield path, node
+        for key in node:
+            yield from targets(node._get_node(key), f"{path}.{key}" if path else str(key))
+
+
+def test_the_groups_have_their_options():
+    assert {g: sorted(o for gg, o in OPTIONS if gg == g) for g in ("callbacks", "logger", "debug")} == {
+        "callbacks": ["device_stats", "lr_monitor", "none", "timer"], "logger": ["mlflow", "none", "tensorboard"],
+        "debug": ["overfit", "profiler", "tiny"]}
+
+
+@pytest.mark.parametrize("group,option", OPTIONS)
+def test_every_option_composes_and_each_target_is_built(group, option, tmp_path):
+    from ccexp.build import build
+    from ccexp.preflight import _check_keys_and_bounds
+    from ccexp import config
+
+    cfg = compose([f"{group}={option}", f"paths.outputs={tmp_path}"])
+    _check_keys_and_bounds(cfg, config.RootConfig, "")  # pre-flight's key checks pass
+    if group == "logger":
+        assert cfg.logger.name == option
+    with open_dict(cfg):  # the run folder Hydra gives a real run (${hydra:runtime.output_dir})
+        if cfg.trainer.profiler is not None:
+            cfg.trainer.profiler.dirpath = str(tmp_path / "run")
+    built = {key: build(node, key) for key, node in targets(cfg) if key.startswith(("callbacks.", "logger.", "trainer."))}
+    expected = {("callbacks", "none"): set(), ("callbacks", "lr_monitor"): {"LearningRateMonitor"},
+                ("callbacks", "device_stats"): {"DeviceStatsMonitor"}, ("callbacks", "timer"): {"Timer"},
+                ("logger", "mlflow"): set(), ("logger", "none"): set(), ("logger", "tensorboard"): {"TensorBoardLogger"},
+                ("debug", "tiny"): set(), ("debug", "overfit"): {"RepeatFirstBatch"},
+                ("debug", "profiler"): {"SimpleProfiler"}}[group, option]
+    assert {type(obj).__name__ for obj in built.values()} == expected
+
+
+def test_callbacks_combine_with_hydra_list_syntax_and_extras_build_them_in_name_order():
+    from ccexp.training.extras import build_callbacks, build_loggers
+
+    cfg = compose(["callbacks=[lr_monitor,device_stats]", "logger=tensorboard", "debug=overfit"])
+    assert sorted(cfg.callbacks) == ["device_stats", "lr_monitor", "overfit_batch"]
+    assert [type(c).__name__ for c in build_callbacks(cfg.callbacks)] == [
+        "DeviceStatsMonitor", "LearningRateMonitor", "RepeatFirstBatch"]
+    assert [type(x).__name__ for x in build_loggers(cfg.logger.loggers)] == ["TensorBoardLogger"]
+    assert build_callbacks(compose(["callbacks=[lr_monitor]", "callbacks.lr_monitor=null"]).callbacks) == []
+    assert build_callbacks(None) == [] and build_loggers(compose([]).logger.loggers) == []
+
+
+def test_a_bad_target_is_one_line_naming_the_entry():
+    from ccexp.errors import CcexpError
+    from ccexp.training.extras import build_callbacks
+
+    cfg = compose(["callbacks=lr_monitor", "callbacks.lr_monitor.logging_interval=hour"])
+    with pytest.raises(Exception, match="logging_interval"):
+        build_callbacks(cfg.callbacks)
+    cfg = compose(["callbacks=lr_monitor", "+callbacks.lr_monitor.no_such=1"])
+    with pytest.raises(CcexpError, match=r"callbacks\.lr_monitor: cannot build"):
+        build_callbacks(cfg.callbacks)
+
+
+def test_debug_tiny_holds_the_tiny_sizes_and_no_data():
+    cfg = compose(["debug=tiny"])
+    assert (cfg.train.steps, cfg.train.tokens_per_step, cfg.train.seq_len, cfg.train.grad_accumulation) == (20, 512, 64, 1)
+    assert (cfg.clusterer.k, cfg.model.n_positions, cfg.model.tokenizer.vocab_size) == (4, 64, 512)
+    assert cfg.data == compose([]).data  # the data is the run's own
+    assert compose(["debug=overfit", "sampler=uniform"]).sampler.name == "uniform"  # the command line wins
+
+
+@pytest.mark.slow  # a real run: about 35 s on one core
+def test_tensorboard_logs_the_training_loss_beside_the_mlflow_run(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "out"
+    proc = run_ccexp("debug=tiny", *DATA, f"paths.outputs={out}", "logger=tensorboard", "callbacks=lr_monitor",
+                     "sampler=random", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = glob.glob(str(out / "tensorboard" / "random-s0" / "version_0" / "events.out.tfevents.*"))
+    assert len(events) == 1
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    loss = [e.value for e in acc.Scalars("train/loss")]
+    assert len(loss) == 2 and 0 < loss[-1] < loss[0] < 7  # steps 10 and 20 (log_every_n_steps=10); ln 512 = 6.2
+    assert any(t.startswith("lr-AdamW") for t in acc.Tags()["scalars"])  # the callback's metric reaches it too
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])[0]
+    assert run.info.status == "FINISHED" and "eval/ppl" in run.data.metrics
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [round(m.value, 4) for m in sorted(history, key=lambda m: m.step)] == [round(v, 4) for v in loss]
+
+
+@pytest.mark.slow  # a real run: about 35 s on one core
+def test_debug_overfit_drives_the_loss_of_one_batch_far_down(tmp_path):
+    out = tmp_path / "out"
+    proc = run_ccexp("debug=overfit", *DATA, f"paths.outputs={out}", "train.steps=60", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "debug: overfitting one micro-batch of 8 rows (512 tokens)" in proc.stdout + proc.stderr
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])[0]
+    loss = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)]
+    assert len(loss) == 60 and loss[0] > 5.0  # about ln 512 = 6.2 before it has learnt anything
+    assert loss[-1] < 0.1 * loss[0]  # one batch is learnt nearly by heart (a normal run is near 3.6 at step 20)
+
+
+@pytest.mark.slow  # a real run: about 35 s on one core
+def test_debug_profiler_writes_its_report_into_the_run_folder(tmp_path):
+    proc = run_ccexp("debug=profiler", *DATA, f"paths.outputs={tmp_path}", "train.steps=4", "logger=none", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = list(tmp_path.glob("runs/*/*/fit-profile.txt"))
+    assert len(report) == 1 and "run_training_batch" in report[0].read_text()
