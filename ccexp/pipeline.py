@@ -64,7 +64,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
                          signature=signature, resume_from=resume.checkpoint)
         if not fit.is_global_zero:
             return {}
-        result = evaluate(cfg, fit.model, tokenized, split, corpus, run_dir, average=fit.average)
+        result = evaluate(cfg.eval, fit.model, tokenized, split, corpus, run_dir, average=fit.average)
         files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, split.train_docs)
         step = cfg.train.steps  # the metrics' step: the run's last
         record.log_stages(stage.results, stage.cluster_report(), step, stage.curation_report())

@@ -67,9 +67,10 @@ def isolated(part: str, errors: dict[str, str], run_dir: Path, fn, *args, **kwar
 FINAL_METRICS = ("ppl", "ppl_macro", "ppl_worst", "ppl_rare", "ppl_common", "bpb", "bpb_macro")
 
 
-def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit, corpus: Corpus,
+def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit, corpus: Corpus,
              run_dir: Path, average=None) -> EvalResult:
-    """Score every held-out document on its first ``eval.max_tokens`` tokens and aggregate
+    """Score every held-out document on its first ``eval.max_tokens`` tokens (``settings``: the ``eval``
+    option) and aggregate
     (:mod:`ccexp.evaluation.perplexity`); then lm-eval when configured. Each part is :func:`isolated`.
 
     ``average`` (the averaged weights of ``eval.average``, or None): the headline metrics and lm-eval
@@ -79,13 +80,13 @@ def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSpl
     held = split.heldout_docs
     held_labels = {k: take(v, held) for k, v in corpus.labels.items()}
     nbytes = isolated("bytes", errors, run_dir, scored_bytes, tokenized.tokenizer, tokenized.tokens, tokenized.offsets,
-                      held, cfg.eval.max_tokens, tokenized.prompt_tokens)
+                      held, settings.max_tokens, tokenized.prompt_tokens)
     names = label_names(corpus.labels)
-    report = isolated("heldout", errors, run_dir, heldout_perplexity, cfg, model if average is None else average,
+    report = isolated("heldout", errors, run_dir, heldout_perplexity, settings, model if average is None else average,
                       tokenized, split, held_labels, names, nbytes)
     metrics = dict(report.metrics) if report else {}
     if average is not None:
-        final = isolated("heldout_final", errors, run_dir, heldout_perplexity, cfg, model, tokenized, split,
+        final = isolated("heldout_final", errors, run_dir, heldout_perplexity, settings, model, tokenized, split,
                          held_labels, names, nbytes, "final weights")
         metrics.update({f"final/{k}": v for k, v in (final.metrics if final else {}).items() if k in FINAL_METRICS})
         model = average
@@ -93,10 +94,10 @@ def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSpl
     nan = np.full(split.num_clusters, np.nan)
     per_cluster = report.per_cluster if report else {"nll": nan, "tokens": np.zeros_like(nan),
                                                      "documents": np.zeros(split.num_clusters, np.int64), "ppl": nan}
-    if cfg.eval.lm_eval is not None:
+    if settings.lm_eval is not None:
         from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
 
-        lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, cfg, model, tokenized.tokenizer,
+        lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, settings.lm_eval, model, tokenized.tokenizer,
                               take(corpus.texts, held), held_labels, run_dir) or {}
         metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
         log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
@@ -104,24 +105,24 @@ def evaluate(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSpl
     return EvalResult(metrics, per_cluster, time.perf_counter() - t0, errors, report.per_document if report else None)
 
 
-def heldout_perplexity(cfg: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit,
+def heldout_perplexity(settings: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit,
                        held_labels: dict[str, list[str]], names: dict[str, dict[str, str]] | None = None,
                        nbytes: np.ndarray | None = None, weights: str | None = None):
     """Held-out perplexity overall, per cluster and per label, and bits per byte when ``nbytes``
-    (int64[n], the scored bytes of each held-out document) is given (:class:`PerplexityReport`);
-    ``weights`` names the weights in the log line (default: ``eval.average``'s)."""
+    (int64[n], the scored bytes of each held-out document) is given (:class:`PerplexityReport`), with the
+    ``eval`` option's ``settings``; ``weights`` names the weights in the log line (default: ``eval.average``'s)."""
     tok, held = tokenized.tokenizer, split.heldout_docs
     nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tokenized.separator_id,
                              prompt_tokens=tokenized.prompt_tokens,
-                             pad_id=tok.pad_token_id, max_tokens=cfg.eval.max_tokens, batch_size=cfg.eval.batch_size,
+                             pad_id=tok.pad_token_id, max_tokens=settings.max_tokens, batch_size=settings.batch_size,
                              device=next(model.parameters()).device)
     report = summarize(nll, ntok, split.labels[held], split.num_clusters, held_labels,
-                       min_cluster_docs=cfg.eval.min_cluster_docs, sizes=split.sizes, label_names=names,
+                       min_cluster_docs=settings.min_cluster_docs, sizes=split.sizes, label_names=names,
                        nbytes=nbytes)
     report.per_document = {"document": held, "cluster": split.labels[held], "tokens": ntok,
                            "bytes": nbytes if nbytes is not None else np.zeros_like(ntok), "nll": nll}
     m = report.metrics
-    weights = weights or {"ema": "EMA weights", "tail": "tail-averaged weights"}.get(cfg.eval.average, "final weights")
+    weights = weights or {"ema": "EMA weights", "tail": "tail-averaged weights"}.get(settings.average, "final weights")
     log.info("eval (%s): held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d), %.4f bits/byte over %d docs "
              "/ %d tokens", weights, m["ppl"], m["ppl_macro"], m["ppl_worst"], int(m.get("ppl_worst_cluster", -1)),
              m.get("bpb", float("nan")), int(m["heldout_documents"]), int(m["heldout_tokens"]))

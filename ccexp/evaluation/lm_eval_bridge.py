@@ -189,10 +189,10 @@ def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, ba
     return out
 
 
-def evaluate(cfg, model, tokenizer, heldout_texts: list[str], heldout_labels: dict[str, list[str]],
+def evaluate(lcfg, model, tokenizer, heldout_texts: list[str], heldout_labels: dict[str, list[str]],
              run_dir: Path) -> dict[str, Any]:
-    """The ``eval.lm_eval`` step of a run: local tasks for the corpus plus any configured standard tasks."""
-    lcfg = cfg.eval.lm_eval
+    """The ``eval.lm_eval`` step of a run (``lcfg``: that node): local tasks for the corpus plus any configured
+    standard tasks."""
     tasks: list[str] = []
     task_dir = None
     max_length = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
