@@ -671,11 +671,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     reason = no_gpu_reason()
     if reason:
+        write_json(path, {"gpu": None, "ran": False, "reason": reason, "checks_planned": only,
+                          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
         say(f"gpu_check: no NVIDIA GPU visible ({reason}); nothing measured")
         say("gpu_check would run (python benches/gpu_check.py --dry-run prints the same plan):")
         print_plan(args.work, only)
-        write_json(path, {"gpu": None, "ran": False, "reason": reason, "checks_planned": only,
-                          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
         say(f"gpu_check: summary {path}")
         return 2
     hw = hardware()
@@ -700,4 +700,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # the output went to `| head`: the summary is written, stop quietly
+        sys.stderr.close()
+        sys.exit(2 if no_gpu_reason() else 1)
