@@ -317,6 +317,24 @@ def test_slurm_launcher_asks_for_one_task_per_device_on_every_node():
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
 
 
+def test_a_sharded_checkpoint_folder_is_checked_through_its_meta_pt(tmp_path):
+    """Lightning's FSDP strategy writes a sharded checkpoint as a folder (the shards and ``meta.pt``, all
+    but the tensors): resuming from it checks the run signature there instead of refusing the folder."""
+    import torch
+
+    from ccexp.training.runner import check_resume
+
+    folder = tmp_path / "step-10.ckpt"
+    folder.mkdir()
+    torch.save({"global_step": 10, "ccexp": {"sampler": "a"}}, folder / "meta.pt")
+    assert check_resume(str(folder), {"sampler": "a"}) == 10
+    with pytest.raises(CcexpError, match="saved with other settings"):
+        check_resume(str(folder), {"sampler": "b"})
+    (tmp_path / "empty.ckpt").mkdir()
+    with pytest.raises(CcexpError, match="does not exist"):
+        check_resume(str(tmp_path / "empty.ckpt"), {})
+
+
 def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_path):
     import json
     import os

@@ -13,8 +13,9 @@
 * **Evaluation after fit** on a sharded model: :func:`gather_full_model` collects a full state dict
   on rank 0 (CPU, one copy) and rebuilds an unsharded model there for held-out scoring and lm-eval.
 
-Untested here on GPUs (the CI machine has none): ``benches/gpu_check.sh`` exercises
-``trainer=fsdp`` on one device where a GPU exists.
+Not yet run on a GPU (the CI machine has none): ``benches/gpu_check.py`` (docs/benchmarks.md, "On a
+GPU") runs ``trainer=fsdp`` on one device at ~1B parameters, sharded checkpoint and resume included,
+where a GPU exists.
 """
 from __future__ import annotations
 

@@ -244,18 +244,22 @@ def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: i
 
 def check_resume(path: str, signature: dict) -> int:
     """Refuse, in one line naming what differs, to resume a checkpoint saved under other settings; return
-    the optimizer step it was saved after.
+    the optimizer step it was saved after. ``path`` is a ``.ckpt`` file or a sharded (FSDP) checkpoint
+    folder, whose signature and step are in its ``meta.pt``.
 
     Raises:
         CcexpError: if the checkpoint is missing or unreadable, or its settings differ from ``signature``.
     """
     from ccexp.errors import CcexpError
 
-    if not Path(path).is_file():
+    source = Path(path)
+    if source.is_dir() and (source / "meta.pt").is_file():
+        source = source / "meta.pt"  # a sharded (FSDP) checkpoint folder: Lightning keeps all but the tensors here
+    if not source.is_file():
         raise CcexpError(f"train.resume_from={path!r} does not exist; give a checkpoint (.ckpt) of an earlier run "
                          "or train.resume_from=last")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise CcexpError(f"train.resume_from={path!r} is not a readable checkpoint ({str(e).splitlines()[0][:120]})"
                          ) from None
