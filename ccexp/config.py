@@ -201,6 +201,9 @@ class DataConfig:
     id_field: Optional[str] = "id"
     # fields reported per value (held-out ppl and exposure per domain, ...); set it for your corpus
     label_fields: list[str] = field(default_factory=list)
+    # data=sources: several corpora read as one, [{path: web.jsonl, weight: 0.7, name: web}, ...]; each document is
+    # labelled `source`; weight (optional, all or none): the target share of training tokens each source gets
+    sources: list = setting(default_factory=list)
     drop_empty: bool = True  # skip documents whose text is empty (counted in a warning)
     max_documents: Optional[int] = ge(1, None)  # read a hash-chosen subsample of this many documents; null = all
     heldout_fraction: float = setting(0.05)  # in (0, 1): documents held out by a hash of their id
@@ -417,7 +420,8 @@ class SamplerConfig:
     """A sampler option; also what every sampler declares about itself (class attributes and methods)."""
 
     # the run-time inputs its constructor takes besides the shared ones (labels, sizes, block_size,
-    # document_tokens, token_budget): "similarity" (float32[N], cosine to the centroid), "reference_losses"
+    # document_tokens, token_budget): "similarity" (float32[N], cosine to the centroid), "cluster_names" (the K
+    # clusters' names, None when the clustering has none)
     needs: ClassVar[frozenset] = frozenset()
     _target_: str = MISSING
     name: str = setting()  # the sampler option's name
@@ -425,9 +429,17 @@ class SamplerConfig:
     seed: int = "${seed}"  # type: ignore[assignment]  # the data order: which documents, in which order
 
     @classmethod
-    def reference_run(cls, node: Any) -> bool:
-        """True when the run trains a reference model for this sampler (DoReMi's ``reference_losses=auto``)."""
-        return False
+    def prior_run(cls, node: Any) -> str | None:
+        """The model the run trains before this sampler can be built: ``"reference"`` (DoReMi's reference
+        losses, :func:`ccexp.training.reference.reference_losses`), ``"proxy"`` (DoReMi's proxy run that
+        learns the mixture, :func:`ccexp.training.reference.proxy_weights`), or None."""
+        return None
+
+    @classmethod
+    def stand_in(cls, node: Any, k: int) -> dict:
+        """The options that replace what a prior run computes, when the sampler is built on a stand-in of
+        ``k`` clusters (pre-flight; the budget check before the embedding)."""
+        return {}
 
 
 @dataclass
@@ -456,12 +468,21 @@ class UniMaxConfig(SamplerConfig):
 @dataclass
 class MixtureConfig(SamplerConfig):
     _target_: str = "ccexp.sampling.MixtureSampler"
-    # no run-time inputs: the run does not pass the clustering's names (cluster_names) yet, so a mapping's keys
-    # are cluster ids
-    needs: ClassVar[frozenset] = frozenset()
-    weights: Any = MISSING  # one per cluster: [w0, w1, ...], {cluster: w}, a .csv / .json file, or an earlier run's folder
+    needs: ClassVar[frozenset] = frozenset({"cluster_names"})  # a mapping's keys may be the clusters' names
+    # one per cluster: [w0, w1, ...], {cluster: w}, a .csv / .json file, an earlier run's folder, or "doremi": learn
+    # them first with DoReMi's proxy run (Xie et al. 2023: dynamic rule=doremi for proxy_steps, its average weights)
+    weights: Any = MISSING
     max_repetitions: Optional[int] = ge(1, None)  # OLMo-core's max repetition factor: no document drawn more often; null = no cap
     on_exhausted: str = "error"  # error | reset: what a cap that exhausts every weighted cluster does
+    proxy_steps: int = ge(1, "${train.steps}", setting=True)  # weights=doremi: optimizer steps of the proxy run
+
+    @classmethod
+    def prior_run(cls, node: Any) -> str | None:
+        return "proxy" if node.weights == "doremi" else None
+
+    @classmethod
+    def stand_in(cls, node: Any, k: int) -> dict:
+        return {"weights": [1.0] * k} if cls.prior_run(node) else {}
 
 
 @dataclass
@@ -492,8 +513,14 @@ class DynamicConfig(SamplerConfig):
     on_exhausted: str = "error"  # error | reset: what a clip that exhausts every cluster does
 
     @classmethod
-    def reference_run(cls, node: Any) -> bool:
-        return node.rule == "doremi" and node.reference_losses == "auto"
+    def prior_run(cls, node: Any) -> str | None:
+        return "reference" if node.rule == "doremi" and node.reference_losses == "auto" else None
+
+    @classmethod
+    def stand_in(cls, node: Any, k: int) -> dict:
+        import numpy as np
+
+        return {"reference_losses": np.zeros(k)} if cls.prior_run(node) else {}
 
 
 @dataclass

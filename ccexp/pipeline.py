@@ -22,7 +22,7 @@ from ccexp.runtime import quiet_libraries
 from ccexp.tracking.mlflow_run import RunRecord
 from ccexp.tracking.resume import find_resume
 from ccexp.training import runner
-from ccexp.training.reference import reference_losses
+from ccexp.training.reference import prior_options
 
 log = logging.getLogger("ccexp")
 
@@ -50,9 +50,9 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     split = stages.train_split(corpus, clustering, cfg.sampler.level,
                                stages.select(cfg.selection, corpus, clustering, kept))  # selection.target
 
-    # 2. the components (DoReMi's reference run first: None for every other sampler)
-    reference = reference_losses(cfg, stage, split, tokenized, pretrained)
-    sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized, reference)
+    # 2. the components
+    prior = prior_options(cfg, stage, split, tokenized, pretrained)  # DoReMi's reference or proxy run ({}: none)
+    sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized, **prior)
     stream = runner.build_token_stream(cfg.train, sampler, split, tokenized)
     model = runner.build_model(cfg.model, cfg.trainer, tokenized, pretrained, init_seed=cfg.train.init_seed)
 

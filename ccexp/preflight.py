@@ -92,13 +92,29 @@ def check_inputs(cfg: DictConfig) -> None:
     Raises:
         CcexpError: for the first problem.
     """
-    from ccexp.data.corpus import check_source
-
     _check_keys_and_bounds(cfg, schemas.RootConfig, "")
     _check_missing(cfg)
-    if cfg.data.path != "builtin":
-        check_source(cfg.data.path, OmegaConf.select(cfg, "data.format", default="auto"))
+    _check_sources(cfg.data)
     _check_outputs(cfg)
+
+
+def _check_sources(data: DictConfig) -> None:
+    """``data.path`` (or each of ``data.sources``, with their names and weights) exists in its format."""
+    from ccexp.data.corpus import check_source
+    from ccexp.data.sources import SOURCE_FIELD, source_names, source_weights
+
+    if data.sources:
+        if data.path != "sources" or SOURCE_FIELD not in data.label_fields:
+            raise CcexpError("data.sources are read with data=sources (data.path=sources, data.label_fields "
+                             "holding 'source'); add data=sources to the command")
+        source_names(data.sources)
+        source_weights(data.sources)
+        for s in data.sources:
+            check_source(str(s["path"]), data.format)
+    elif data.path == "sources":
+        raise CcexpError("data=sources needs data.sources=[{path: ..., weight: ...}, ...]")
+    elif data.path != "builtin":
+        check_source(data.path, data.format)
 
 
 def preflight_stream(cfg: DictConfig) -> None:
@@ -256,10 +272,11 @@ def _check_token_budget(cfg: DictConfig) -> None:
         raise CcexpError(f"train.grad_accumulation={node} but it is derived: tokens_per_step / (seq_len x "
                          f"micro_batch_size x world size) = {derived}; set train.tokens_per_step or "
                          "train.micro_batch_size instead")
-    if world > 1 and schemas.component("sampler", cfg.sampler).reference_run(cfg.sampler):
-        raise CcexpError("sampler.reference_losses=auto trains the reference model on one device, not under "
-                         f"{world} ranks; pass a file: a single-device run of this config writes it to "
-                         "<paths.cache>/reference/<fingerprint>/reference_losses.npy")
+    prior = schemas.component("sampler", cfg.sampler).prior_run(cfg.sampler)
+    if world > 1 and prior is not None:
+        raise CcexpError(f"sampler={cfg.sampler.name} trains DoReMi's {prior} model on one device, not under {world} "
+                         f"ranks; pass its output as a file: a single-device run of this config writes it under "
+                         f"<paths.cache>/{prior}/<fingerprint>/")
 
 
 def _check_eval(cfg: DictConfig) -> None:
@@ -307,9 +324,8 @@ def _check_components(cfg: DictConfig) -> None:
                          f"{cfg.model.name} has none; use model=hf_causal_lm model.pretrained=... (or +recipe=cluster_sft)")
     k = cluster_count(cfg)
     sampler = schemas.component("sampler", cfg.sampler)
-    extra = {"similarity": np.zeros(k, dtype=np.float32)} if "similarity" in sampler.needs else {}
-    if sampler.reference_run(cfg.sampler):  # the reference run computes them
-        extra["reference_losses"] = np.zeros(k)
+    inputs = {"similarity": np.zeros(k, dtype=np.float32), "cluster_names": None}
+    extra = {**{name: inputs[name] for name in sampler.needs}, **sampler.stand_in(cfg.sampler, k)}
     built = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),
                   **extra)
     built.row_lanes(cfg.train.tokens_per_step // cfg.train.seq_len)

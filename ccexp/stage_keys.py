@@ -45,13 +45,16 @@ STAGE_CODE: dict[str, tuple[str, ...]] = {
     "reference": ("ccexp.training.runner", "ccexp.training.module", "ccexp.training.data", "ccexp.training.models",
                   "ccexp.data.packing", "ccexp.sampling.random", "ccexp.sampling.base", "ccexp.sampling.kernels",
                   "ccexp.evaluation.perplexity", "ccexp.training.reference"),
+    "proxy": ("ccexp.training.runner", "ccexp.training.module", "ccexp.training.data", "ccexp.training.models",
+              "ccexp.data.packing", "ccexp.sampling.dynamic", "ccexp.sampling.base", "ccexp.sampling.kernels",
+              "ccexp.sampling.uniform", "ccexp.sampling.clip", "ccexp.training.reference"),
 }
 # the libraries whose numbers reach each stage's output (their versions are in its key)
 STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {
     "corpus": ("pyarrow", "datasets"), "embed": ("torch", "transformers", "sentence-transformers"),
     "cluster": ("faiss-cpu", "faiss-gpu-cu12", "numpy"), "dedup": ("faiss-cpu", "faiss-gpu-cu12", "numpy"),
     "model": ("gguf", "transformers", "torch"), "tokenize": ("tokenizers", "transformers"),
-    "reference": ("torch", "lightning", "transformers"),
+    "reference": ("torch", "lightning", "transformers"), "proxy": ("torch", "lightning", "transformers"),
 }
 
 
@@ -131,8 +134,9 @@ def _settings(node: DictConfig, drop: tuple[str, ...]) -> dict:
 
 
 def corpus_key(data: DictConfig, source_digest: str) -> tuple[dict, dict]:
-    """(settings, inputs) of the corpus stage: ``data.*`` but its name and path; the source's bytes."""
-    return _settings(data, ("name", "path")), {"file": source_digest}
+    """(settings, inputs) of the corpus stage: ``data.*`` but its name, path and sources; the source's bytes
+    (for ``data.sources``: each source's name and bytes, in order; their weights only steer the sampler)."""
+    return _settings(data, ("name", "path", "sources")), {"file": source_digest}
 
 
 def embed_key(embedder: DictConfig, corpus_content: str, model: str | None) -> tuple[dict, dict]:

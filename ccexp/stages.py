@@ -14,6 +14,7 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from ccexp.artifacts import StageStore
 from ccexp.build import build
 from ccexp.clustering.kmeans import Clustering, Level
 from ccexp.data.corpus import BUILTIN_PATH, Corpus
+from ccexp.data.sources import SOURCE_FIELD, source_batches, source_names
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.errors import CcexpError
@@ -105,17 +107,30 @@ class Stages:
         from ccexp.data.store import open_corpus, write_corpus
 
         d = self.data
-        src = BUILTIN_PATH if d.path == "builtin" else Path(d.path).expanduser().resolve()
-        reader = build(d, "data", path=src)  # raises the one-line "does not exist" error
-        fp = keys.stage_fingerprint("corpus", *keys.corpus_key(d, self._digest(src)))
+        readers, digest = self._readers()
+        batches = readers[0][1].batches if not d.sources else partial(source_batches, [
+            (name, reader.batches) for name, reader in readers])
+        fp = keys.stage_fingerprint("corpus", *keys.corpus_key(d, digest))
         result = self._run("corpus", fp, lambda tmp: {**write_corpus(
-            reader.batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
+            batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
             label_fields=list(d.label_fields), stratify=d.heldout_stratify, min_per_value=int(d.heldout_min_per_value)),
-            "source": str(src), "label_hint": reader.label_hint},
+            "source": ", ".join(str(r.path) for _, r in readers), "label_hint": readers[0][1].label_hint},
             lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} shard(s) from "
-                      f"{Path(f['source']).name}")
+                      + ", ".join(Path(p).name for p in f["source"].split(", ")))
         _log_labels(result.figures)
         return open_corpus(result.path)
+
+    def _readers(self) -> tuple[list, str]:
+        """The corpus reader of ``data.path``, or one per ``data.sources`` entry (named; reading the label
+        fields but ``source``, which the sources give), and the digest of their files' bytes."""
+        d = self.data
+        if not d.sources:
+            src = BUILTIN_PATH if d.path == "builtin" else Path(d.path).expanduser().resolve()
+            return [("", build(d, "data", path=src))], self._digest(src)  # the one-line "does not exist" error
+        fields = [f for f in d.label_fields if f != SOURCE_FIELD]
+        readers = [(name, build(d, "data", path=Path(str(s["path"])).expanduser().resolve(), label_fields=fields))
+                   for name, s in zip(source_names(d.sources), d.sources)]
+        return readers, "+".join(f"{name}:{self._digest(r.path)}" for name, r in readers)
 
     def _content(self) -> str:
         return self.results["corpus"].figures["content"]
@@ -240,14 +255,16 @@ class Stages:
                                           train_mask=~corpus.heldout,
                                           title=f"{self.data.name} / {self.clusterer.name} seed "
                                           f"{'-' if seed is None else seed}")
-            return {"levels": [lv.k for lv in result.levels], "train_points": result.train_points,
+            return {"levels": [lv.k for lv in result.levels], "names": [lv.names for lv in result.levels],
+                    "train_points": result.train_points,
                     "objective": result.objective, "largest": int(finest.sizes.max()),
                     "smallest": int(finest.sizes.min()), "empty": int((finest.sizes == 0).sum()), "report": report}
 
         result = self._run("cluster", fp, produce, lambda f: f"K={'/'.join(map(str, f['levels']))}, trained on "
                            f"{f['train_points']:,} points, sizes {f['smallest']}..{f['largest']} ({f['empty']} empty)")
+        names = result.figures.get("names") or [None] * len(result.figures["levels"])
         levels = [Level(**{name: np.load(p) if (p := result.path / f"level{depth}_{name}.npy").is_file() else None
-                           for name in _LEVEL_ARRAYS}) for depth in range(len(result.figures["levels"]))]
+                           for name in _LEVEL_ARRAYS}, names=names[depth]) for depth in range(len(result.figures["levels"]))]
         return Clustering(levels, int(result.figures["train_points"]), float(result.figures["objective"]))
 
     # -- dedup ------------------------------------------------------------------------------------
@@ -437,7 +454,7 @@ def train_split(corpus: Corpus, clustering: Clustering, level: int, selected: np
     train = ~corpus.heldout if selected is None else np.asarray(selected, dtype=bool) & ~corpus.heldout
     train_docs = np.flatnonzero(train)
     return TrainSplit(train_docs, np.flatnonzero(corpus.heldout), lv.labels, lv.similarity,
-                      np.bincount(lv.labels[train_docs], minlength=lv.k).astype(np.int64))
+                      np.bincount(lv.labels[train_docs], minlength=lv.k).astype(np.int64), lv.names)
 
 
 def select(selection: DictConfig, corpus: Corpus, clustering: Clustering,

@@ -74,8 +74,7 @@ def instantiate_option(group: str, option: str, tmp_path):
         k, declared = 4, component("sampler", node)
         inputs = {"similarity": np.linspace(0, 1, 3 * k, dtype=np.float32), "cluster_names": [f"c{i}" for i in range(k)]}
         extra = {name: inputs[name] for name in declared.needs}
-        if declared.reference_run(node):  # DoReMi's reference run's losses
-            extra["reference_losses"] = np.zeros(k)
+        extra.update(declared.stand_in(node, k))  # what a prior run (DoReMi's reference or proxy) computes
         return build(node, group, labels=np.repeat(np.arange(k), 3).astype(np.int32), sizes=np.full(k, 3), block_size=2,
                      **extra)
     if group == "model":

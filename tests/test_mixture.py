@@ -273,3 +273,60 @@ def test_a_run_trains_on_the_given_mixture(tmp_path):
     exposure = np.array([int(r["exposure"]) for r in rows])
     sizes = np.array([int(r["train_size"]) for r in rows])
     assert exposure[3] == 0 and exposure[:3].min() > 0 and np.all(exposure <= 8 * sizes)
+
+
+def _average_weights(run_folder):
+    import csv
+
+    rows = list(csv.DictReader(open(next(run_folder.glob("tables/clusters.csv")))))
+    return np.array([float(r["average_weight"]) for r in rows]), np.array([int(r["train_size"]) for r in rows])
+
+
+@pytest.mark.slow
+def test_a_doremi_run_followed_by_a_mixture_run_on_its_weights_trains_on_them(tmp_path):
+    """DoReMi's two steps by hand: ``sampler=doremi`` learns weights; ``sampler=mixture sampler.weights=<its run
+    folder>`` trains on them (the mixture's table carries the weights it drew from, normalised over the clusters
+    with training documents), and its exposure follows them."""
+    from conftest import ROOT, run_ccexp
+    from test_cases import CASES, TINY
+
+    base = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={tmp_path}", "train.steps=30"]
+    proc = run_ccexp(*base, "sampler=doremi", "sampler.reference_steps=5", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (doremi,) = [p.parent.parent for p in tmp_path.glob("runs/*/*/tables/clusters.csv")]
+    learned, sizes = _average_weights(doremi)
+    assert learned.std() > 0  # DoReMi moved the weights off uniform
+    proc = run_ccexp(*base, "sampler=mixture", f"sampler.weights={doremi}", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (mixture,) = [p.parent.parent for p in tmp_path.glob("runs/*/*/tables/clusters.csv") if p.parent.parent != doremi]
+    given, _ = _average_weights(mixture)
+    expected = np.where(sizes > 0, learned, 0) / np.where(sizes > 0, learned, 0).sum()
+    np.testing.assert_allclose(given, expected, rtol=1e-5, atol=1e-6)
+    assert "mixture: cluster weights" in proc.stderr
+
+
+@pytest.mark.slow
+def test_doremi_mixture_learns_the_weights_with_a_proxy_run_then_trains_on_them(tmp_path):
+    """DoReMi's two-step recipe in one command (``sampler=doremi_mixture``): the reference and proxy runs are
+    cached prior runs; the run trains on the proxy's average weights; a second run reuses both."""
+    from conftest import ROOT, run_ccexp
+    from test_cases import CASES, TINY
+
+    args = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={tmp_path}", "train.steps=20",
+            "sampler=doremi_mixture", "sampler.proxy_steps=12"]
+    proc = run_ccexp(*args, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "proxy: training DoReMi's proxy model, 12 steps" in proc.stderr
+    assert "reference: training the DoReMi reference model" in proc.stderr
+    (proxy,) = tmp_path.glob("cache/proxy/*/weights.npy")
+    learned = np.load(proxy)
+    (run,) = [p.parent.parent for p in tmp_path.glob("runs/*/*/tables/clusters.csv")]
+    given, sizes = _average_weights(run)
+    expected = np.where(sizes > 0, learned, 0) / np.where(sizes > 0, learned, 0).sum()
+    np.testing.assert_allclose(given, expected, rtol=1e-5, atol=1e-6)
+    again = run_ccexp(*args, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    import re
+
+    assert re.search(r"proxy: a 12-step DoReMi proxy learned weights .*reused=True", again.stderr)
+    assert "proxy: training" not in again.stderr

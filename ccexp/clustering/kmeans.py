@@ -31,6 +31,7 @@ class Level:
             is closer, whatever metric the k-means used.
         parent: int32[K_finer] cluster of this level that each cluster of the next finer level
             belongs to (None for the finest level).
+        names: the K clusters' names when they have any (groups from a label: its values), else None.
     """
 
     labels: np.ndarray
@@ -38,6 +39,7 @@ class Level:
     sizes: np.ndarray
     similarity: np.ndarray
     parent: np.ndarray | None = None
+    names: list[str] | None = None
 
     @property
     def k(self) -> int:

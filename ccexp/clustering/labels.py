@@ -67,5 +67,5 @@ class LabelGroups:
         sizes = np.bincount(labels[train], minlength=k).astype(np.int64)
         log.info("cluster: %d groups from label %r: %s", k, self.label_field,
                  ", ".join(f"{n} ({s:,})" for n, s in zip(self.names, sizes)))
-        return Clustering([Level(labels, centroids, sizes, cosine_to(x, centroids, labels))], int(train.sum()),
-                          float("nan"))
+        return Clustering([Level(labels, centroids, sizes, cosine_to(x, centroids, labels), names=list(self.names))],
+                          int(train.sum()), float("nan"))

@@ -51,6 +51,7 @@ class StreamPlan:
     seconds: float = 0.0
     corpus_tokens: np.ndarray | None = None  # int64[K] the training split's tokens per cluster (stream lengths)
     digest: str = ""  # the stream's digest (TokenStream.digest): equal digests = the identical token stream
+    group_tokens: np.ndarray | None = None  # int64[G] tokens trained per group (e.g. per source), when groups given
 
 
 def step_cluster_tokens(stream: TokenStream, plan, labels: np.ndarray, num_clusters: int) -> np.ndarray:
@@ -64,10 +65,12 @@ def step_cluster_tokens(stream: TokenStream, plan, labels: np.ndarray, num_clust
 
 
 def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_step: int, seq_len: int,
-             max_doc_tokens: int | None = None, record_every: int = 100, progress_every_s: float = 10.0) -> StreamPlan:
+             max_doc_tokens: int | None = None, record_every: int = 100, progress_every_s: float = 10.0,
+             groups: np.ndarray | None = None) -> StreamPlan:
     """Run ``steps`` steps of ``sampler``'s token stream over documents of ``lengths`` tokens (int64[N],
     the sampler's documents; the stream adds each one's separator and applies ``max_doc_tokens``, as
-    in training) and count what was drawn.
+    in training) and count what was drawn; ``groups`` (int[N] a group id per document, e.g. its source):
+    the tokens trained per group too.
 
     Raises:
         CcexpError: from the sampler (e.g. a clip that runs out) or the stream's layout.
@@ -81,9 +84,12 @@ def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_st
     clipped_at = np.full(k, -1, dtype=np.int64)
     history: dict[str, list[float]] = {key: [] for key in ("step", "tokens", "mix_entropy", "kl_to_corpus",
                                                            "kl_to_uniform", "active_clusters")}
+    group_tokens = None if groups is None else np.zeros(int(np.max(groups)) + 1, dtype=np.int64)
     for step in range(steps):
         plan = stream.plan_step()
         tokens += step_cluster_tokens(stream, plan, sampler.labels, k)
+        if groups is not None:
+            group_tokens += step_cluster_tokens(stream, plan, groups, group_tokens.size)
         sampler.observe(step, np.zeros(k), np.zeros(k, dtype=np.int64))
         newly = sampler.clipped() & (clipped_at < 0)
         clipped_at[newly] = step
@@ -100,7 +106,7 @@ def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_st
             log.info("plan: step %d/%d, %s tokens, %.0f steps/s", step + 1, steps, f"{int(tokens.sum()):,}",
                      (step + 1) / (now - t0))
     return StreamPlan(steps, tokens_per_step, sampler.exposure(), tokens, clipped_at, sampler.sizes.copy(), history,
-                      sampler.repetition_histogram(), time.perf_counter() - t0, corpus_tokens, stream.digest)
+                      sampler.repetition_histogram(), time.perf_counter() - t0, corpus_tokens, stream.digest, group_tokens)
 
 
 def synthetic_corpus(num_clusters: int, num_documents: int, *, zipf: float = 1.0, mean_tokens: float = 500.0,

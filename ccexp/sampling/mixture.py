@@ -288,6 +288,18 @@ class MixtureSampler(UniformSampler):
         """float64[K]: the probability of drawing each cluster (the given mix, normalised)."""
         return self._pi.copy()
 
+    def average_weights(self) -> np.ndarray:
+        """float64[K]: the given mixture (fixed, so its average over training), so that a mixture run's
+        ``tables/clusters.csv`` carries the weights it trained on, as a learning policy's does."""
+        return self._pi.copy()
+
+    def notes(self) -> list[tuple[int, str]]:
+        """The mixture the run trains on (the largest weights first)."""
+        order = np.argsort(-self._pi, kind="stable")[:8]
+        shown = ", ".join(f"{c}: {self._pi[c]:.3f}" for c in order if self._pi[c] > 0)
+        return [(logging.INFO, f"mixture: cluster weights {shown}{' ...' if self.num_clusters > 8 else ''} "
+                               f"({int(np.count_nonzero(self._pi))} of {self.num_clusters} clusters drawn)")]
+
     def _quota(self, exposure: np.ndarray) -> np.ndarray | None:
         quota = super()._quota(exposure)
         return None if quota is None else np.where(self._pi > 0, quota, 0)  # weight 0: never drawn

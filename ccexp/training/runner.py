@@ -35,29 +35,32 @@ log = logging.getLogger("ccexp")
 
 
 def build_sampler(sampler: DictConfig, train: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus,
-                  reference_losses: np.ndarray | None = None) -> Sampler:
+                  **options) -> Sampler:
     """The ``sampler`` option over the training documents with ``train``'s token budget (:func:`sampler_over`);
-    ``reference_losses`` (float64[K], DoReMi's reference run's) replaces ``sampler.reference_losses=auto``."""
-    options = {} if reference_losses is None else {"reference_losses": reference_losses}
+    ``options`` (what a prior run computed, :func:`ccexp.training.reference.prior_options`: DoReMi's reference
+    losses, a proxy run's weights) replace the config's values of the same names."""
     built = sampler_over(sampler, train, split.labels[split.train_docs], split.sizes,
-                         tokenized.lengths(split.train_docs), split.similarity[split.train_docs], **options)
+                         tokenized.lengths(split.train_docs), split.similarity[split.train_docs],
+                         cluster_names=split.names, **options)
     for level, line in built.notes():
         log.log(level, "%s", line)
     return built
 
 
 def sampler_over(sampler: DictConfig, train: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
-                 similarity: np.ndarray | None = None, **options) -> Sampler:
+                 similarity: np.ndarray | None = None, *, cluster_names: list[str] | None = None,
+                 **options) -> Sampler:
     """The ``sampler`` option over documents with cluster ``labels`` (int[N]) of ``sizes`` (int64[K]) and
     ``lengths`` tokens (int64[N]), with blocks of about one step's documents and ``train``'s token budget
     (so a clipping policy can refuse a budget it cannot supply); ``similarity`` (float[N], cosine to
-    the centroid) for a policy that declares it needs it (zeros when not given: no document is nearer
-    than another); ``options`` replace the config's values of the same names."""
+    the centroid) and ``cluster_names`` (the K clusters' names, None when they have none) for a policy
+    that declares it needs them (similarity zeros when not given: no document is nearer than another);
+    ``options`` replace the config's values of the same names."""
     stream_len = stream_lengths(lengths, train.max_doc_tokens)
     block = int(np.clip(np.ceil(train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
-    extra = dict(options)
-    if "similarity" in component("sampler", sampler).needs:
-        extra["similarity"] = np.zeros(labels.size, np.float32) if similarity is None else similarity
+    inputs = {"similarity": np.zeros(labels.size, np.float32) if similarity is None else similarity,
+              "cluster_names": cluster_names}
+    extra = {**{name: inputs[name] for name in component("sampler", sampler).needs}, **options}
     return build(sampler, "sampler", labels=labels, sizes=sizes, block_size=block, document_tokens=stream_len,
                  token_budget=train.steps * train.tokens_per_step + 1, **extra)
 
@@ -89,7 +92,7 @@ def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCo
                  float(train.passes), f"{total:,}", f"{docs.size:,}", f"{steps:,}", f"{train.tokens_per_step:,}",
                  f" (capped by train.max_steps: {steps * int(train.tokens_per_step) / total:.2f} passes)"
                  if capped else "")
-    options = {"reference_losses": np.zeros(1)} if component("sampler", sampler).reference_run(sampler) else {}
+    options = component("sampler", sampler).stand_in(sampler, 1)  # what a prior run computes
     sampler_over(sampler, train, np.zeros(docs.size, dtype=np.int32), np.array([docs.size], dtype=np.int64), lengths,
                  **options)
 
