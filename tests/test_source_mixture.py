@@ -134,6 +134,26 @@ def test_clusterclip_inside_a_source_clips_and_running_out_names_the_source():
     assert s.source_tokens()[0] == 2 * 300  # every web document twice, then the stream stopped
 
 
+def through_a_checkpoint(state):
+    """``state`` saved and loaded as training checkpoints it (tensors, ``torch.load(weights_only=True)``)."""
+    import io
+
+    import torch
+
+    def to_torch(o):
+        return torch.from_numpy(o) if isinstance(o, np.ndarray) else ({k: to_torch(v) for k, v in o.items()}
+                                                                       if isinstance(o, dict) else o)
+
+    def to_numpy(o):
+        return o.numpy() if isinstance(o, torch.Tensor) else ({k: to_numpy(v) for k, v in o.items()}
+                                                              if isinstance(o, dict) else o)
+
+    buf = io.BytesIO()
+    torch.save(to_torch(state), buf)
+    buf.seek(0)
+    return to_numpy(torch.load(buf, weights_only=True))
+
+
 def test_determinism_and_exact_resume_mid_stream():
     rng = np.random.default_rng(5)
     n = 200
@@ -151,7 +171,7 @@ def test_determinism_and_exact_resume_mid_stream():
         for _ in range(stop):
             first.next_block()
         resumed = make(seed=3)
-        resumed.load_state_dict(first.state_dict())
+        resumed.load_state_dict(through_a_checkpoint(first.state_dict()))
         assert np.array_equal(np.stack([resumed.next_block() for _ in range(40 - stop)]), full[stop:])
         assert np.array_equal(resumed.source_tokens(), a.source_tokens())
     other = make(seed=3, source_weights=[0.4, 0.3, 0.3])
