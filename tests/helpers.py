@@ -20,3 +20,25 @@ def clustered_documents(sizes, seed=0):
     sizes = np.asarray(sizes, dtype=np.int64)
     labels = np.random.default_rng(seed).permutation(np.repeat(np.arange(sizes.size), sizes)).astype(np.int32)
     return labels, sizes
+
+
+def source_mixture_factory(inner, weights=(0.6, 0.0, 0.4), **inner_kw):
+    """A constructor ``make(labels, sizes, *, block_size, seed, ...)`` shaped like a policy class's,
+    building :class:`~ccexp.sampling.SourceMixture` over ``len(weights)`` sources (document ``i`` in
+    source ``i mod S``, ``1 + 7i mod 13`` tokens unless given) with ``inner(**inner_kw)`` in each source,
+    so the shared policy tests can run it."""
+    import functools
+
+    import numpy as np
+
+    from ccexp.sampling import SourceMixture
+
+    def make(labels, sizes, *, block_size=64, seed=0, document_tokens=None, token_budget=None):
+        n = len(labels)
+        tokens = 1 + (7 * np.arange(n)) % 13 if document_tokens is None else document_tokens
+        return SourceMixture(labels, sizes, sources=np.arange(n) % len(weights), source_weights=list(weights),
+                             inner=functools.partial(inner, **inner_kw), block_size=block_size, seed=seed,
+                             document_tokens=tokens, token_budget=token_budget)
+
+    make.__name__ = f"SourceMixture[{getattr(inner, '__name__', inner)}]"
+    return make

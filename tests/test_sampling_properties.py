@@ -10,6 +10,7 @@ from ccexp.errors import CcexpError
 from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, MixtureSampler, RandomSampler,
                             TemperatureSampler, UniformSampler, UniMaxSampler)
 from ccexp.sampling.permutation import affine_permute, derive_keys, pass_hash, shuffled_groups
+from helpers import source_mixture_factory
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -214,6 +215,13 @@ POLICIES = [
     (MixtureSampler, dict(weights=[0.4, 0.1, 0.2, 0.0, 0.3])),
     (MixtureSampler, dict(weights=[4, 1, 2, 0, 3], max_repetitions=2, on_exhausted="reset")),
 ]
+# target token shares per source with a cluster policy inside each (not in the histogram test: its
+# histogram also counts the documents an inner policy has drawn into its buffer, see ccexp.sampling.sources)
+SOURCE_POLICIES = [
+    (source_mixture_factory(UniformSampler), {}),
+    (source_mixture_factory(ClusterClipSampler, clip_threshold=2, on_exhausted="reset"), {}),
+    (source_mixture_factory(DynamicSampler, weights=(1, 2), warmup_steps=3, update_every=2), {}),
+]
 
 
 def stream(sampler, steps, start=0):
@@ -228,7 +236,7 @@ def stream(sampler, steps, start=0):
     return np.stack(out) if out else np.zeros((0, sampler.block_size * sampler.num_lanes), np.int64)
 
 
-@pytest.mark.parametrize("cls,kw", POLICIES)
+@pytest.mark.parametrize("cls,kw", POLICIES + SOURCE_POLICIES)
 def test_stream_is_deterministic_from_seed(cls, kw):
     sizes = np.array([40, 8, 4, 0, 12], dtype=np.int64)
     labels = np.random.default_rng(0).permutation(np.repeat(np.arange(5), sizes)).astype(np.int32)
@@ -238,7 +246,7 @@ def test_stream_is_deterministic_from_seed(cls, kw):
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
-@pytest.mark.parametrize("cls,kw", POLICIES)
+@pytest.mark.parametrize("cls,kw", POLICIES + SOURCE_POLICIES)
 @SETTINGS
 @given(stop=st.integers(0, 25))
 def test_resume_from_state_dict_continues_the_same_stream(cls, kw, stop):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ccexp.data.packing import TokenStream, stream_lengths
 from ccexp.sampling import (ClusterClipSampler, ClusterDPSampler, DynamicSampler, MixtureSampler, RandomSampler,
                             TemperatureSampler, UniformSampler, UniMaxSampler, rank_slice)
+from helpers import source_mixture_factory
 
 EOS = 0
 POLICIES = [
@@ -24,6 +25,7 @@ POLICIES = [
     (TemperatureSampler, dict(alpha=0.5)),
     (UniMaxSampler, dict(max_epochs=2, on_exhausted="reset")),
     (MixtureSampler, dict(weights=[0.1, 0.2, 0.3, 0.4], max_repetitions=2, on_exhausted="reset")),
+    (source_mixture_factory(ClusterClipSampler, clip_threshold=3, on_exhausted="reset"), {}),
 ]
 
 

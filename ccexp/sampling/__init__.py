@@ -9,10 +9,11 @@ from ccexp.sampling.clusterclip import ClusterClipSampler
 from ccexp.sampling.dynamic import DynamicSampler
 from ccexp.sampling.mixture import MixtureSampler
 from ccexp.sampling.random import RandomSampler
+from ccexp.sampling.sources import SourceMixture
 from ccexp.sampling.temperature import TemperatureSampler
 from ccexp.sampling.uniform import UniformSampler
 from ccexp.sampling.unimax import UniMaxSampler
 
 __all__ = ["Sampler", "rank_slice", "RandomSampler", "UniformSampler", "ClusterClipSampler", "DynamicSampler",
            "ClusterDPSampler", "TemperatureSampler", "UniMaxSampler",
-           "MixtureSampler"]
+           "MixtureSampler", "SourceMixture"]
