@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from ccexp import stages
 from ccexp.artifacts import StageStore
+from ccexp.data.sources import source_mix
 from ccexp.evaluation.balance import write_run_files
 from ccexp.evaluation.heldout import evaluate
 from ccexp.names import run_name
@@ -49,13 +50,12 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     kept = stage.dedup(corpus, embeddings, clustering)  # curate.dedup: near-duplicates removed (None: off)
     split = stages.train_split(corpus, clustering, cfg.sampler.level,
                                stages.select(cfg.selection, corpus, clustering, kept))  # selection.target
-
     # 2. the components
     prior = prior_options(cfg, stage, split, tokenized, pretrained)  # DoReMi's reference or proxy run ({}: none)
-    sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized, **prior)
+    sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized,  # data.sources: at their token shares
+                                   sources=source_mix(cfg.data, corpus.labels), **prior)
     stream = runner.build_token_stream(cfg.train, sampler, split, tokenized)
     model = runner.build_model(cfg.model, cfg.trainer, tokenized, pretrained, init_seed=cfg.train.init_seed)
-
     # 3. train, evaluate, record
     resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs)  # a checkpoint, and its MLflow run
     with RunRecord(cfg, outputs, run_dir, continue_run=resume.run_id) as record:

@@ -277,6 +277,7 @@ def label_of(variant: list[str], overrides: list[str]) -> str:
 def stream_plan(cfg):
     """Simulate ``cfg``'s policy: over its own stages, or a synthetic corpus. Returns a StreamPlan."""
     from ccexp.data.simulate import simulate, synthetic_corpus
+    from ccexp.data.sources import source_mix
     from ccexp.preflight import preflight_stream
 
     from ccexp.training import runner
@@ -306,11 +307,18 @@ def stream_plan(cfg):
         kept = stage.dedup(corpus, embeddings, clustering)  # the same curation as a training run
         split = stages.train_split(corpus, clustering, cfg.sampler.level,
                                    stages.select(cfg.selection, corpus, clustering, kept))
-        sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized)
+        mix = source_mix(cfg.data, corpus.labels)  # data.sources with weights: their target token shares
+        sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized, sources=mix)
         lengths = tokenized.lengths(split.train_docs)
     plan = simulate(sampler, lengths, steps=cfg.train.steps, tokens_per_step=cfg.train.tokens_per_step,
                     seq_len=cfg.train.seq_len, max_doc_tokens=cfg.train.max_doc_tokens,
-                    record_every=min(int(p.record_every), -(-int(cfg.train.steps) // 20)))  # >= 20 points
+                    record_every=min(int(p.record_every), -(-int(cfg.train.steps) // 20)),  # >= 20 points
+                    groups=None if mix is None else mix[0][split.train_docs])
+    if mix is not None:
+        plan.group_targets, plan.group_names = mix[1], mix[2]
+        logging.getLogger("ccexp").info("plan: source token shares %s", ", ".join(
+            f"{n} {t / plan.group_tokens.sum():.1%} (target {w:.1%})"
+            for n, t, w in zip(mix[2], plan.group_tokens, mix[1])))
     logging.getLogger("ccexp").info(
         "plan: %s, %d steps x %s tokens in %.1f s: %d of %d clusters clipped, max repetition %d", cfg.sampler.name,
         cfg.train.steps, f"{cfg.train.tokens_per_step:,}", plan.seconds, int((plan.clipped_at >= 0).sum()),
@@ -361,6 +369,13 @@ def write_plans(plans: list, impossible: list[tuple[str, str]] | None = None):
                      f"{h['mix_entropy'][-1]:.3f} | {h['kl_to_corpus'][-1]:.3f} | {h['kl_to_uniform'][-1]:.3f} | "
                      f"{p.seconds:.1f} |")
     lines += [f"| {label} | cannot run: {why} | | | | | | |" for label, why in impossible or []]
+    sourced = [(label, p) for label, _, p in plans if p.group_tokens is not None]
+    if sourced:
+        lines += ["", "| variant | source | target token share | planned token share | tokens | off target (tokens) |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {label} | {name} | {w:.2%} | {t / p.group_tokens.sum():.2%} | {int(t):,} | "
+                  f"{int(t) - w * p.group_tokens.sum():+,.0f} |" for label, p in sourced
+                  for name, t, w in zip(p.group_names, p.group_tokens, p.group_targets)]
     lines += ["", "![plan](plan.png)", "", "Per cluster: clusters.csv; over time: history.csv."]
     (out / "plan.md").write_text("\n".join(lines) + "\n")
     log_plans(plans, out, [out / "plan.md", out / "clusters.csv", out / "history.csv", png])

@@ -52,6 +52,8 @@ class StreamPlan:
     corpus_tokens: np.ndarray | None = None  # int64[K] the training split's tokens per cluster (stream lengths)
     digest: str = ""  # the stream's digest (TokenStream.digest): equal digests = the identical token stream
     group_tokens: np.ndarray | None = None  # int64[G] tokens trained per group (e.g. per source), when groups given
+    group_names: list[str] | None = None  # the G groups' names (set by the caller)
+    group_targets: np.ndarray | None = None  # float64[G] their target token shares (data.sources' weights)
 
 
 def step_cluster_tokens(stream: TokenStream, plan, labels: np.ndarray, num_clusters: int) -> np.ndarray:

@@ -34,14 +34,19 @@ from ccexp.training.module import CausalLMModule
 log = logging.getLogger("ccexp")
 
 
-def build_sampler(sampler: DictConfig, train: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus,
-                  **options) -> Sampler:
+def build_sampler(sampler: DictConfig, train: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, *,
+                  sources: tuple | None = None, **options) -> Sampler:
     """The ``sampler`` option over the training documents with ``train``'s token budget (:func:`sampler_over`);
-    ``options`` (what a prior run computed, :func:`ccexp.training.reference.prior_options`: DoReMi's reference
-    losses, a proxy run's weights) replace the config's values of the same names."""
+    ``sources`` (:func:`ccexp.data.sources.source_mix`: each corpus document's source id, the target token
+    shares, the names): the option runs inside each source and the sources are mixed at their shares
+    (:class:`~ccexp.sampling.sources.SourceMixture`); ``options`` (what a prior run computed,
+    :func:`ccexp.training.reference.prior_options`: DoReMi's reference losses, a proxy run's weights) replace
+    the config's values of the same names."""
+    if sources is not None:
+        sources = (sources[0][split.train_docs], *sources[1:])
     built = sampler_over(sampler, train, split.labels[split.train_docs], split.sizes,
                          tokenized.lengths(split.train_docs), split.similarity[split.train_docs],
-                         cluster_names=split.names, **options)
+                         cluster_names=split.names, sources=sources, **options)
     for level, line in built.notes():
         log.log(level, "%s", line)
     return built
@@ -49,20 +54,35 @@ def build_sampler(sampler: DictConfig, train: DictConfig, split: TrainSplit, tok
 
 def sampler_over(sampler: DictConfig, train: DictConfig, labels: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
                  similarity: np.ndarray | None = None, *, cluster_names: list[str] | None = None,
-                 **options) -> Sampler:
+                 sources: tuple | None = None, **options) -> Sampler:
     """The ``sampler`` option over documents with cluster ``labels`` (int[N]) of ``sizes`` (int64[K]) and
     ``lengths`` tokens (int64[N]), with blocks of about one step's documents and ``train``'s token budget
     (so a clipping policy can refuse a budget it cannot supply); ``similarity`` (float[N], cosine to
     the centroid) and ``cluster_names`` (the K clusters' names, None when they have none) for a policy
     that declares it needs them (similarity zeros when not given: no document is nearer than another);
-    ``options`` replace the config's values of the same names."""
+    ``options`` replace the config's values of the same names; ``sources`` (int[N] source ids, float[S] target
+    token shares, S names): the option runs inside each source, mixed at those shares."""
     stream_len = stream_lengths(lengths, train.max_doc_tokens)
     block = int(np.clip(np.ceil(train.tokens_per_step / float(np.mean(stream_len))), 1, 2**20))
     inputs = {"similarity": np.zeros(labels.size, np.float32) if similarity is None else similarity,
               "cluster_names": cluster_names}
     extra = {**{name: inputs[name] for name in component("sampler", sampler).needs}, **options}
-    return build(sampler, "sampler", labels=labels, sizes=sizes, block_size=block, document_tokens=stream_len,
-                 token_budget=train.steps * train.tokens_per_step + 1, **extra)
+    shared = dict(block_size=block, document_tokens=stream_len, token_budget=train.steps * train.tokens_per_step + 1)
+    if sources is None:
+        return build(sampler, "sampler", labels=labels, sizes=sizes, **shared, **extra)
+    from ccexp.errors import CcexpError
+    from ccexp.sampling.sources import SourceMixture
+
+    if "similarity" in extra:
+        raise CcexpError(f"sampler={sampler.name} cannot run inside data.sources (it reads each document's "
+                         "similarity to its centroid over the whole corpus); use another sampler or no source weights")
+
+    def inner(labels_s: np.ndarray, sizes_s: np.ndarray, **kw) -> Sampler:
+        return build(sampler, "sampler", labels=labels_s, sizes=sizes_s, **{**kw, **extra})
+
+    ids, weights, names = sources
+    return SourceMixture(labels, sizes, sources=ids, source_weights=weights, inner=inner, seed=int(sampler.seed),
+                         source_names=names, **shared)
 
 
 def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCorpus, mask: np.ndarray) -> None:
