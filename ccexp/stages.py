@@ -24,6 +24,7 @@ from ccexp.artifacts import StageStore
 from ccexp.build import build
 from ccexp.clustering.kmeans import Clustering, Level
 from ccexp.data.corpus import BUILTIN_PATH, Corpus
+from ccexp.data.remote import RemoteSource, local_or_url
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.errors import CcexpError
@@ -105,15 +106,26 @@ class Stages:
         from ccexp.data.store import open_corpus, write_corpus
 
         d = self.data
-        src = BUILTIN_PATH if d.path == "builtin" else Path(d.path).expanduser().resolve()
+        src = BUILTIN_PATH if d.path == "builtin" else local_or_url(d.path)
+        src = src.resolve() if isinstance(src, Path) else src
         reader = build(d, "data", path=src)  # raises the one-line "does not exist" error
-        fp = keys.stage_fingerprint("corpus", *keys.corpus_key(d, self._digest(src)))
-        result = self._run("corpus", fp, lambda tmp: {**write_corpus(
-            reader.batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
-            label_fields=list(d.label_fields), stratify=d.heldout_stratify, min_per_value=int(d.heldout_min_per_value)),
-            "source": str(src), "label_hint": reader.label_hint},
-            lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} shard(s) from "
-                      f"{Path(f['source']).name}")
+        # a URL is keyed by its objects' ETags / versions and sizes (asked of the store), a file by its bytes
+        remote = reader.path.identity() if isinstance(reader.path, RemoteSource) else None
+        fp = keys.stage_fingerprint("corpus", *keys.corpus_key(
+            d, self._digest(src) if remote is None else keys.object_digest(remote)))
+
+        def produce(tmp: Path) -> dict:
+            figures = {**write_corpus(
+                reader.batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
+                label_fields=list(d.label_fields), stratify=d.heldout_stratify,
+                min_per_value=int(d.heldout_min_per_value)), "source": str(src), "label_hint": reader.label_hint}
+            if remote is not None and reader.path.identity() != remote:  # never cache what the key does not name
+                raise CcexpError(f"data.path={str(src)!r} changed in the object store while it was read; run again")
+            return figures
+
+        result = self._run("corpus", fp, produce,
+                           lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} "
+                                     f"shard(s) from {Path(f['source']).name}")
         _log_labels(result.figures)
         return open_corpus(result.path)
 
