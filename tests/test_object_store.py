@@ -4,11 +4,11 @@ and the stage key are the real ones, nothing of them is mocked."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import re
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -145,13 +145,13 @@ def test_refused_credentials_and_a_missing_filesystem_package_are_one_line(s3):
     assert re.fullmatch(r"data.path='s3://corpora/auth/tiny.jsonl': access denied \(.+\); check the credentials and "
                         r"endpoint in the environment \(AWS_ACCESS_KEY_ID, .*", str(e.value)), str(e.value)
 
-    try:
-        import gcsfs  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("gcsfs") is None:
         with pytest.raises(CcexpError) as e:
             check_source("gs://bucket/corpus.jsonl")
         assert str(e.value) == ("data.path='gs://bucket/corpus.jsonl' needs the gcsfs package to read gs:// URLs; "
                                 "pip install gcsfs")
+    with pytest.raises(CcexpError, match=r"nope:// is not a filesystem fsspec knows"):
+        check_source("nope://bucket/corpus.jsonl")
 
 
 TINY = ["debug=tiny", "data=jsonl", "data.label_fields=[domain]", "train.max_doc_tokens=64", "eval.max_tokens=63",
