@@ -26,8 +26,18 @@ SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson", ".ndjson.gz"
 # what a store says about an object that changes when its bytes do (S3 / S3-compatible, GCS, Azure, the Hub)
 IDENTITY_KEYS = ("ETag", "etag", "VersionId", "version_id", "generation", "blob_id", "lfs", "md5Hash", "crc32c",
                  "content_md5", "checksum")
-CREDENTIALS = ("check the credentials and endpoint in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or "
-               "AWS_PROFILE, AWS_ENDPOINT_URL; GOOGLE_APPLICATION_CREDENTIALS; HF_TOKEN)")
+# where each store's credentials come from, for the one line of a refused or unreachable request
+CREDENTIALS = {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; AWS_ENDPOINT_URL for an "
+                     "S3-compatible server",
+               "gs": "GOOGLE_APPLICATION_CREDENTIALS", "gcs": "GOOGLE_APPLICATION_CREDENTIALS", "hf": "HF_TOKEN",
+               "az": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and a key or token",
+               "abfs": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and a key or token"}
+
+
+def _credentials(url: str) -> str:
+    where = CREDENTIALS.get(_URL.match(url).group(1).lower())
+    return (f"check the credentials and endpoint in the environment ({where})" if where else
+            "check the URL and the store's credentials in the environment")
 
 
 def is_url(path: Any) -> bool:
@@ -59,9 +69,9 @@ def _first_line(e: BaseException) -> str:
 def store_error(url: str, e: BaseException) -> CcexpError:
     """The one line for an object store that refused or could not be reached."""
     if isinstance(e, PermissionError):
-        return CcexpError(f"data.path={url!r}: access denied ({_first_line(e)}); {CREDENTIALS}")
+        return CcexpError(f"data.path={url!r}: access denied ({_first_line(e)}); {_credentials(url)}")
     return CcexpError(f"data.path={url!r}: cannot be read from the object store ({type(e).__name__}: "
-                      f"{_first_line(e)}); {CREDENTIALS}")
+                      f"{_first_line(e)}); {_credentials(url)}")
 
 
 def open_fs(url: str):
