@@ -192,12 +192,14 @@ class CorpusBatch:
 class CorpusReader:
     """A corpus on disk, read in batches: a JSON-lines file (optionally gzip), a Parquet file, or a
     Hugging Face ``datasets`` folder written by ``save_to_disk`` (``format=hf_disk``: read with
-    ``datasets.load_from_disk``, memory-mapped Arrow, never downloaded). Memory stays bounded by one
+    ``datasets.load_from_disk``, memory-mapped Arrow, never downloaded) — or JSON-lines / Parquet objects in
+    an object store (a ``s3://``, ``gs://``, ``hf://``, ... URL: :mod:`ccexp.data.remote`), streamed through
+    fsspec. Memory stays bounded by one
     batch: :meth:`batches` is what the corpus stage streams into its Parquet shards; :meth:`read`
     collects everything for small corpora and tests.
 
     Args:
-        path: the file or folder.
+        path: the file or folder, or a URL of one object or a prefix of them.
         format: ``auto`` (from the suffix, or a ``datasets`` folder), ``jsonl``, ``parquet`` or ``hf_disk``.
         text_field: the field holding the document text (str).
         id_field: the field holding a unique document id; None or absent -> ``row-<n>``.
