@@ -3,7 +3,7 @@ rule: a step is its config plus its inputs, and its output path is their hash).
 
 | stage | its settings | its inputs |
 |---|---|---|
-| corpus | ``data.*`` except ``name`` and ``path`` | the source's bytes (a file, or every file of a ``datasets`` folder) |
+| corpus | ``data.*`` except ``name`` and ``path`` | the source's bytes (a file, or every file of a ``datasets`` folder); for a URL, each object's ETag / version id and size, as its store reports them |
 | embed | ``embedder.*`` except ``name``, ``device``, ``batch_size`` | the corpus's content; the embedding model folder's bytes, or the run's model (gradient proxy) |
 | cluster | ``clusterer.*`` except ``name``, ``verbose``, ``assign_batch`` | the embedding; the corpus's content (its held-out split); the label values (the cluster report) |
 | dedup | ``curate.dedup.*`` | the clustering (and through it the embedding and the split); the label values (its report) |
@@ -34,7 +34,7 @@ from ccexp.artifacts import file_digest, fingerprint
 # the code that computes each stage: whole modules, or ``module:Qualified.name`` for one function or method
 # (its syntax tree is in the stage's key)
 STAGE_CODE: dict[str, tuple[str, ...]] = {
-    "corpus": ("ccexp.data.corpus", "ccexp.data.store", "ccexp.stages:Stages.corpus"),
+    "corpus": ("ccexp.data.corpus", "ccexp.data.remote", "ccexp.data.store", "ccexp.stages:Stages.corpus"),
     "embed": ("ccexp.embedding.sentence", "ccexp.embedding.gradient", "ccexp.embedding.shards",
               "ccexp.stages:Stages.embed", "ccexp.stages:Stages._embedder_inputs"),
     "cluster": ("ccexp.clustering.kmeans", "ccexp.clustering.hierarchical", "ccexp.clustering.two_level",
@@ -129,13 +129,22 @@ def content_digest(path: str | Path, cache: Path | None = None) -> str:
     return out
 
 
+def object_digest(objects: list[dict]) -> str:
+    """``objects:`` and 16 hex digits over what an object store says identifies each object of a remote corpus
+    (:meth:`ccexp.data.remote.RemoteSource.identity`: URL, size, ETag / version id / generation): a changed
+    object changes it, without its bytes being read."""
+    text = json.dumps(sorted(objects, key=lambda o: o["name"]), sort_keys=True, default=str)
+    return "objects:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _settings(node: DictConfig, drop: tuple[str, ...]) -> dict:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
 
 
 def corpus_key(data: DictConfig, source_digest: str) -> tuple[dict, dict]:
-    """(settings, inputs) of the corpus stage: ``data.*`` but its name, path and sources; the source's bytes
-    (for ``data.sources``: each source's name and bytes, in order; their weights only steer the sampler)."""
+    """(settings, inputs) of the corpus stage: ``data.*`` but its name, path and sources; the source's bytes (for
+    a URL, :func:`object_digest` of its objects; for ``data.sources``, each source's name and digest, in order:
+    their weights only steer the sampler)."""
     return _settings(data, ("name", "path", "sources")), {"file": source_digest}
 
 

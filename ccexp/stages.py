@@ -25,6 +25,7 @@ from ccexp.artifacts import StageStore
 from ccexp.build import build
 from ccexp.clustering.kmeans import Clustering, Level
 from ccexp.data.corpus import BUILTIN_PATH, Corpus
+from ccexp.data.remote import RemoteSource, local_or_url
 from ccexp.data.sources import SOURCE_FIELD, source_batches, source_names
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
@@ -107,30 +108,48 @@ class Stages:
         from ccexp.data.store import open_corpus, write_corpus
 
         d = self.data
-        readers, digest = self._readers()
+        readers = self._readers()
+        digest = "+".join(f"{name}:{digest}" if name else digest for name, _, _, digest in readers)
         batches = readers[0][1].batches if not d.sources else partial(source_batches, [
-            (name, reader.batches) for name, reader in readers])
+            (name, reader.batches) for name, reader, _, _ in readers])
         fp = keys.stage_fingerprint("corpus", *keys.corpus_key(d, digest))
-        result = self._run("corpus", fp, lambda tmp: {**write_corpus(
-            batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
-            label_fields=list(d.label_fields), stratify=d.heldout_stratify, min_per_value=int(d.heldout_min_per_value)),
-            "source": ", ".join(str(r.path) for _, r in readers), "label_hint": readers[0][1].label_hint},
-            lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} shard(s) from "
-                      + ", ".join(Path(p).name for p in f["source"].split(", ")))
+
+        def produce(tmp: Path) -> dict:
+            figures = {**write_corpus(
+                batches(int(d.shard_documents)), tmp, heldout_fraction=d.heldout_fraction,
+                label_fields=list(d.label_fields), stratify=d.heldout_stratify,
+                min_per_value=int(d.heldout_min_per_value)),
+                "source": ", ".join(str(src) for _, _, src, _ in readers), "label_hint": readers[0][1].label_hint}
+            for _, reader, src, _ in readers:  # never cache what the key does not name
+                if isinstance(reader.path, RemoteSource) and keys.object_digest(reader.path.identity()) not in digest:
+                    raise CcexpError(f"data.path={str(src)!r} changed in the object store while it was read; run again")
+            return figures
+
+        result = self._run("corpus", fp, produce,
+                           lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} "
+                                     "shard(s) from " + ", ".join(Path(p).name for p in f["source"].split(", ")))
         _log_labels(result.figures)
         return open_corpus(result.path)
 
-    def _readers(self) -> tuple[list, str]:
-        """The corpus reader of ``data.path``, or one per ``data.sources`` entry (named; reading the label
-        fields but ``source``, which the sources give), and the digest of their files' bytes."""
+    def _readers(self) -> list[tuple]:
+        """``(name, reader, source, digest)`` of ``data.path`` (name ``""``), or of each ``data.sources`` entry
+        (reading the label fields but ``source``, which the sources give): the source a local path or a URL,
+        its digest the file's bytes, or for a URL its objects' ETags / versions and sizes (asked of the store)."""
         d = self.data
-        if not d.sources:
-            src = BUILTIN_PATH if d.path == "builtin" else Path(d.path).expanduser().resolve()
-            return [("", build(d, "data", path=src))], self._digest(src)  # the one-line "does not exist" error
-        fields = [f for f in d.label_fields if f != SOURCE_FIELD]
-        readers = [(name, build(d, "data", path=Path(str(s["path"])).expanduser().resolve(), label_fields=fields))
-                   for name, s in zip(source_names(d.sources), d.sources)]
-        return readers, "+".join(f"{name}:{self._digest(r.path)}" for name, r in readers)
+        if d.sources:
+            fields = [f for f in d.label_fields if f != SOURCE_FIELD]
+            entries = [(name, str(s["path"]), {"label_fields": fields}) for name, s in zip(source_names(d.sources),
+                                                                                           d.sources)]
+        else:
+            entries = [("", d.path, {})]
+        out = []
+        for name, path, extra in entries:
+            src = BUILTIN_PATH if path == "builtin" else local_or_url(path)
+            src = src.resolve() if isinstance(src, Path) else src
+            reader = build(d, "data", path=src, **extra)  # raises the one-line "does not exist" error
+            remote = isinstance(reader.path, RemoteSource)
+            out.append((name, reader, src, keys.object_digest(reader.path.identity()) if remote else self._digest(src)))
+        return out
 
     def _content(self) -> str:
         return self.results["corpus"].figures["content"]

@@ -5,6 +5,7 @@ A corpus is held column-wise: ``ids`` and ``texts`` (lists of str, length N) and
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -16,6 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ccexp.data.remote import RemoteSource, is_url, local_or_url, resolve, store_error
 from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
@@ -50,21 +52,25 @@ def take(column: Sequence[str], docs) -> list[str]:
     return [column[int(d)] for d in docs]
 
 
-def check_source(path: str | Path, format: str = "auto") -> tuple[Path, str]:
+def check_source(path: str | Path, format: str = "auto") -> tuple[Path | RemoteSource, str]:
     """The corpus's path and format, checked without reading it (pre-flight calls this before any import of
-    the heavy libraries, so a wrong path is known in about a second).
+    the heavy libraries, so a wrong path is known in about a second). A URL (``s3://``, ``gs://``, ``hf://``,
+    ...; :mod:`ccexp.data.remote`) is checked through its object store and returned as a
+    :class:`~ccexp.data.remote.RemoteSource` (one object, or a prefix's ``.jsonl(.gz)`` / ``.parquet`` objects).
 
     Raises:
-        CcexpError: for a path that does not exist, an unknown format, or a file/folder that does not
-            match the format.
+        CcexpError: for a path or object that does not exist, an unknown format, a file/folder that does not
+            match the format, a missing filesystem package or refused credentials.
     """
-    path = Path(path).expanduser()
+    if format not in ("auto", "jsonl", "parquet", "hf_disk"):
+        raise CcexpError(f"data.format={format!r} is not an option; use auto, jsonl, parquet or hf_disk")
+    if is_url(path):
+        return resolve(str(path), format)
+    path = local_or_url(path)
     if not path.exists():
         raise CcexpError(f"data.path={str(path)!r} does not exist; point data.path at a .jsonl, .jsonl.gz or "
                          ".parquet file, or a Hugging Face datasets folder (save_to_disk)")
     format = detect_format(path) if format == "auto" else format
-    if format not in ("jsonl", "parquet", "hf_disk"):
-        raise CcexpError(f"data.format={format!r} is not an option; use auto, jsonl, parquet or hf_disk")
     if path.is_dir() != (format == "hf_disk"):
         raise CcexpError(f"data.path={str(path)!r} is a folder; point data.path at one .jsonl, .jsonl.gz or "
                          ".parquet file, or read a datasets folder (save_to_disk) with data=hf_disk"
@@ -94,10 +100,13 @@ def detect_format(path: Path) -> str:
                      ".jsonl.gz or .parquet file, or set data.format=jsonl|parquet|hf_disk")
 
 
-def _iter_jsonl(path: Path):
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
+def _iter_jsonl(path: Path | str, raw=None):
+    """``(line number, record)`` of a JSON-lines file or object (``raw``: an open binary file to read it from,
+    e.g. an object store's), gzip decompressed as it streams when the name ends in ``.gz``."""
+    gz = str(path).lower().endswith(".gz")
     try:
-        with opener(path, "rb") as f:
+        with (raw if raw is not None else open(path, "rb")) as source, \
+                (gzip.GzipFile(fileobj=source, mode="rb") if gz else source) as f:
             for lineno, raw in enumerate(f, 1):
                 try:
                     line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark is no error
@@ -120,12 +129,19 @@ def _iter_jsonl(path: Path):
         raise CcexpError(f"{path}: cannot be read ({e}); is it a complete, uncorrupted file?") from None
 
 
-def _iter_parquet(path: Path, columns: list[str]):
+def _iter_parquet(path: Path | str, columns: list[str], raw=None):
+    """``(row number, record)`` of a Parquet file, read in batches of row groups (``raw``: an open binary file
+    to read it from, e.g. an object store's; pyarrow reads the footer and the row groups' byte ranges)."""
+    with raw if raw is not None else contextlib.nullcontext():
+        yield from _parquet_rows(path, columns, raw if raw is not None else path)
+
+
+def _parquet_rows(path: Path | str, columns: list[str], source):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(source)
     except Exception as e:  # pyarrow raises several types for a bad file
         raise CcexpError(f"{path}: not a readable Parquet file ({e})") from None
     missing = [c for c in columns if c not in pf.schema_arrow.names]
@@ -176,12 +192,14 @@ class CorpusBatch:
 class CorpusReader:
     """A corpus on disk, read in batches: a JSON-lines file (optionally gzip), a Parquet file, or a
     Hugging Face ``datasets`` folder written by ``save_to_disk`` (``format=hf_disk``: read with
-    ``datasets.load_from_disk``, memory-mapped Arrow, never downloaded). Memory stays bounded by one
+    ``datasets.load_from_disk``, memory-mapped Arrow, never downloaded) — or JSON-lines / Parquet objects in
+    an object store (a ``s3://``, ``gs://``, ``hf://``, ... URL: :mod:`ccexp.data.remote`), streamed through
+    fsspec. Memory stays bounded by one
     batch: :meth:`batches` is what the corpus stage streams into its Parquet shards; :meth:`read`
     collects everything for small corpora and tests.
 
     Args:
-        path: the file or folder.
+        path: the file or folder, or a URL of one object or a prefix of them.
         format: ``auto`` (from the suffix, or a ``datasets`` folder), ``jsonl``, ``parquet`` or ``hf_disk``.
         text_field: the field holding the document text (str).
         id_field: the field holding a unique document id; None or absent -> ``row-<n>``.
@@ -210,11 +228,30 @@ class CorpusReader:
     def _records(self):
         columns = ([self.text_field] + ([self.response_field] if self.response_field else [])
                    + ([self.id_field] if self.id_field else []) + self.label_fields)
+        if isinstance(self.path, RemoteSource):
+            return self._remote_records(columns)
         if self.format == "jsonl":
             return _iter_jsonl(self.path)
         if self.format == "parquet":
             return _iter_parquet(self.path, columns)
         return _iter_hf_disk(self.path, columns, self.split, optional=[self.id_field] if self.id_field else [])
+
+    def _remote_records(self, columns: list[str]):
+        """The records of each object of a :class:`~ccexp.data.remote.RemoteSource` in turn, streamed; rows are
+        numbered on across objects (so ``row-<n>`` ids stay unique), and one object's are its own."""
+        src, offset = self.path, 0
+        for obj in src.objects:
+            name, last = src.name(obj), 0
+            try:
+                raw = src.open(obj)
+            except FileNotFoundError:
+                raise CcexpError(f"data.path={src.url!r}: {name} no longer exists") from None
+            except Exception as e:  # the stores raise their own types for refused or unreachable requests
+                raise store_error(src.url, e) from None
+            records = _iter_jsonl(name, raw) if self.format == "jsonl" else _iter_parquet(name, columns, raw)
+            for last, rec in records:
+                yield offset + last, rec
+            offset += last
 
     def _validated(self, documents: int, warn: bool = True) -> Iterator[CorpusBatch]:
         """Every non-empty document, validated, in batches of ``documents`` (``warn``: log the empty
