@@ -330,3 +330,18 @@ def test_doremi_mixture_learns_the_weights_with_a_proxy_run_then_trains_on_them(
 
     assert re.search(r"proxy: a 12-step DoReMi proxy learned weights .*reused=True", again.stderr)
     assert "proxy: training" not in again.stderr
+
+
+def test_a_mapping_by_label_value_reaches_the_sampler_as_the_run_builds_it():
+    """Under clusterer=labels the clustering's names (the label values) reach the sampler, which declares it
+    needs them, so ``sampler.weights={finance: 3, sports: 1}`` means what it says."""
+    from ccexp.config import compose
+    from ccexp.training.runner import sampler_over
+
+    cfg = compose(["sampler=mixture", "sampler.weights={finance: 3, sports: 1}", "clusterer=labels"])
+    labels = np.array([0, 1, 2, 0, 1, 2], dtype=np.int32)
+    sampler = sampler_over(cfg.sampler, cfg.train, labels, np.array([2, 2, 2]), np.full(6, 30),
+                           cluster_names=["finance", "music", "sports"])
+    assert np.allclose(sampler.weights(), [0.75, 0, 0.25])
+    with pytest.raises(CcexpError, match="sampler.weights"):
+        sampler_over(cfg.sampler, cfg.train, labels, np.array([2, 2, 2]), np.full(6, 30))  # no names: ids only
