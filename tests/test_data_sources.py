@@ -100,7 +100,7 @@ def test_target_token_shares_hold_to_the_token_in_a_plan_and_a_run_reports_per_s
     assert abs(tokens["news"] - 0.7 * total) <= longest and abs(tokens["other"] - 0.3 * total) <= longest
     run = run_ccexp(*common, cwd=tmp_path, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "sources: target token shares news 70.0 %" in run.stderr
+    assert "sources: target token shares news 70.0 %" in run.stdout + run.stderr
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")

@@ -47,7 +47,7 @@ def test_kmeans_recovers_domains_and_counts_training_sizes(real_embeddings):
 
 def test_kmeans_rejects_k_larger_than_corpus_and_nan(real_embeddings):
     emb, _ = real_embeddings
-    with pytest.raises(CcexpError, match=r"clusterer.k=500 is larger than the 180 training documents"):
+    with pytest.raises(CcexpError, match=r"clusterer.k asks for 500 clusters but the corpus has 180 training documents"):
         FaissKMeans(k=500).fit(emb, np.ones(len(emb), bool))
     bad = emb.copy()
     bad[3, 0] = np.nan

@@ -236,7 +236,8 @@ def check_k(k: int, train_docs: int, key: str = "clusterer.k") -> None:
     if k < 1:
         raise CcexpError(f"{key} must be >= 1, got {k}")
     if k > train_docs:
-        raise CcexpError(f"{key}={k} is larger than the {train_docs} training documents; set {key} <= {train_docs}")
+        raise CcexpError(f"{key} asks for {k} clusters but the corpus has {train_docs:,} training documents; use at "
+                         f"most {train_docs:,} clusters (or a larger corpus)")
 
 
 class FaissKMeans:
