@@ -158,7 +158,7 @@ def with_typo_hint(message: str, argv: list[str]) -> str:
             return message.replace(found.group(0), f"Could not override '{key}': not a setting of this configuration "
                                    "(python -m ccexp [group=option ...] --help lists them) ")
         meant.append(close[0])
-        node = node[close[0]]
+        node = node._get_node(close[0]) if OmegaConf.is_dict(node) else None  # a ??? value is not read
     return message.replace(found.group(0), f"Could not override '{key}': did you mean '{'.'.join(meant)}'? ")
 
 

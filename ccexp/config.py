@@ -192,7 +192,7 @@ class TrainConfig:
 @dataclass
 class DataConfig:
     _target_: str = "ccexp.data.corpus.CorpusReader"
-    name: str = setting()  # the data option's name (builtin, jsonl, parquet, hf_disk)
+    name: str = setting()  # the data option's name (builtin, jsonl, parquet, hf_disk, sources)
     path: str = MISSING  # a .jsonl(.gz) / .parquet file, a datasets folder (save_to_disk), or "builtin"
     format: str = "auto"  # auto | jsonl | parquet | hf_disk
     split: str = "train"  # the split of a datasets folder holding a DatasetDict

@@ -60,7 +60,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs)  # a checkpoint, and its MLflow run
     with RunRecord(cfg, outputs, run_dir, continue_run=resume.run_id) as record:
         signature = runner.run_signature(cfg, stage.fingerprints(), split.num_clusters)
-        fit = runner.fit(cfg, run_dir, record.logger, stream, model, tokenized, split, corpus.labels,
+        fit = runner.fit(cfg, run_dir, record.loggers, stream, model, tokenized, split, corpus.labels,
                          signature=signature, resume_from=resume.checkpoint)
         if not fit.is_global_zero:
             return {}

@@ -68,7 +68,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     for group, entries in (("callbacks", cfg.callbacks), ("logger.loggers", cfg.logger.loggers)):
         for name, entry in (entries or {}).items():
             if entry is not None:
-                check_buildable(entry, f"{group}.{name}")
+                _check_extra(entry, f"{group}.{name}")
     if cfg.train.on_nonfinite not in ("stop", "skip_batch"):
         raise CcexpError(f"train.on_nonfinite={cfg.train.on_nonfinite!r} is not an option; use stop or skip_batch")
     _check_trainer(cfg)
@@ -77,6 +77,19 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     _check_model(cfg)
     _check_components(cfg)
     _check_outputs(cfg)
+
+
+def _check_extra(entry: DictConfig, key: str) -> None:
+    """A callback or logger entry is built now (they are cheap to make), so a value its class refuses is one
+    line before any stage, not a traceback when training starts."""
+    check_buildable(entry, key)
+    try:
+        build(entry, key)
+    except CcexpError:
+        raise
+    except Exception as e:  # noqa: BLE001 (each library's own exception: the line names the entry)
+        line = next((x for x in str(e).splitlines() if x.strip()), type(e).__name__)
+        raise CcexpError(f"{key}: {line.strip()}") from None
 
 
 def _check_outputs(cfg: DictConfig) -> None:
@@ -104,13 +117,18 @@ def _check_sources(data: DictConfig) -> None:
     from ccexp.data.sources import SOURCE_FIELD, source_names, source_weights
 
     if data.sources:
-        if data.path != "sources" or SOURCE_FIELD not in data.label_fields:
-            raise CcexpError("data.sources are read with data=sources (data.path=sources, data.label_fields "
-                             "holding 'source'); add data=sources to the command")
+        if data.path != "sources":
+            raise CcexpError("data.sources are read with data=sources; add data=sources to the command")
+        if SOURCE_FIELD not in data.label_fields:
+            raise CcexpError(f"data.label_fields={list(data.label_fields)} lacks 'source', the label data=sources "
+                             f"gives every document; use data.label_fields=[source,{','.join(data.label_fields)}]")
         source_names(data.sources)
         source_weights(data.sources)
-        for s in data.sources:
-            check_source(str(s["path"]), data.format)
+        for i, s in enumerate(data.sources):
+            try:
+                check_source(str(s["path"]), data.format)
+            except CcexpError as e:  # the reader's line names data.path: here it is this source's path
+                raise CcexpError(str(e).replace("data.path", f"data.sources[{i}].path")) from None
     elif data.path == "sources":
         raise CcexpError("data=sources needs data.sources=[{path: ..., weight: ...}, ...]")
     elif data.path != "builtin":

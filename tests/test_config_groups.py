@@ -96,11 +96,12 @@ def test_tensorboard_logs_the_training_loss_beside_the_mlflow_run(tmp_path):
     proc = run_ccexp("debug=tiny", *DATA, f"paths.outputs={out}", "logger=tensorboard", "callbacks=lr_monitor",
                      "sampler=random", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    events = glob.glob(str(out / "tensorboard" / "random-s0" / "version_0" / "events.out.tfevents.*"))
-    assert len(events) == 1
-    acc = EventAccumulator(events[0])
+    version = out / "tensorboard" / "random-s0" / "version_0"
+    acc = EventAccumulator(str(version))  # every events file of the run (training, then the final metrics)
     acc.Reload()
     loss = [e.value for e in acc.Scalars("train/loss")]
+    tags = set(acc.Tags()["scalars"])
+    assert {"eval/ppl", "eval/ppl_macro", "curve/ppl", "sampler/active_clusters"} <= tags, sorted(tags)[:20]
     assert len(loss) == 2 and 0 < loss[-1] < loss[0] < 7  # steps 10 and 20 (log_every_n_steps=10); ln 512 = 6.2
     assert any(t.startswith("lr-AdamW") for t in acc.Tags()["scalars"])  # the callback's metric reaches it too
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
@@ -129,3 +130,15 @@ def test_debug_profiler_writes_its_report_into_the_run_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = list(tmp_path.glob("runs/*/*/fit-profile.txt"))
     assert len(report) == 1 and "run_training_batch" in report[0].read_text()
+
+
+@pytest.mark.parametrize("args,line", [
+    (["debug=tyni"], "Could not find 'debug/tyni' Available options in 'debug': overfit, profiler, tiny"),
+    (["callbacks=lr_monitor", "callbacks.lr_monitor.logging_interval=hourly"],
+     "callbacks.lr_monitor: logging_interval should be `step` or `epoch` or `None`."),
+    (["callbacks=timer", "callbacks.timer.duration=banana"], "callbacks.timer: "),
+])
+def test_a_bad_debug_option_or_callback_value_is_one_line_before_any_stage(args, line, tmp_path):
+    proc = run_ccexp(*args, "logger=none", f"paths.outputs={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "cache").exists()

@@ -52,6 +52,8 @@ def test_sources_read_as_one_corpus_labelled_by_source_with_distinct_ids(tmp_pat
     ([{"path": "a.jsonl", "weight": "x"}, {"path": "b.jsonl", "weight": 1}], "must be numbers"),
     ([{"path": "x/a.jsonl"}, {"path": "y/a.jsonl.gz"}], "two sources are named 'a'"),
     ([{"weight": 1}], "data.sources[0] has no path"),
+    ([{"path": "a.jsonl", "name": "web/x"}], "data.sources[0] is named 'web/x'; a source name may not hold '/'"),
+    ([{"path": "a.jsonl", "weight": True}, {"path": "b.jsonl", "weight": 1}], "must be numbers"),
 ])
 def test_bad_sources_are_one_line(sources, line):
     with pytest.raises(CcexpError, match=re.escape(line)):
@@ -71,7 +73,12 @@ def test_the_mix_maps_each_document_to_its_source_and_normalises_the_shares():
 @pytest.mark.parametrize("args,line", [
     (["data=sources"], "data=sources needs data.sources=[{path: ..., weight: ...}, ...]"),
     (["data=jsonl", "data.path=x.jsonl", "data.sources=[{path: a.jsonl}]"], "data.sources are read with data=sources"),
-    (["data=sources", "data.sources=[{path: /nope/a.jsonl, weight: 1}]"], "does not exist"),
+    (["data=sources", "data.sources=[{path: /nope/a.jsonl, weight: 1}]"], "data.sources[0].path='/nope/a.jsonl' does "
+                                                                          "not exist"),
+    (["data=sources", "data.sources=[{path: a.jsonl, wieght: 1}]"], "data.sources[0].wieght is not a setting of a "
+                                                                    "source; did you mean 'weight'?"),
+    (["data=sources", "data.sources=[{path: a.jsonl}]", "data.label_fields=[domain]"],
+     "data.label_fields=['domain'] lacks 'source'"),
 ])
 def test_the_command_line_refuses_bad_sources_in_one_line_before_any_stage(args, line, tmp_path):
     proc = run_ccexp(*args, f"paths.outputs={tmp_path}", cwd=tmp_path)

@@ -177,6 +177,16 @@ def test_weights_learned_by_an_earlier_run(tmp_path):
         weights_of(str(run_folder(tmp_path / "random", None)))
 
 
+def test_weights_of_a_run_on_other_clusters_are_taken_with_a_warning(tmp_path, caplog):
+    """Cluster ids only mean the same documents under the same clustering: weights from a run whose clusters
+    have other training sizes are named as learned elsewhere."""
+    folder = str(run_folder(tmp_path / "dynamic", np.array([0.1, 0.2, 0.3, 0.4])))
+    weights_of(folder)
+    assert "other training sizes" not in caplog.text
+    weights_of(folder, sizes=[10, 20, 30, 41])
+    assert "1 of the 4 clusters of" in caplog.text and "another corpus or clustering" in caplog.text
+
+
 def test_empty_clusters_get_no_weight(caplog):
     assert np.allclose(weights_of([1, 1, 2], sizes=[5, 0, 5]), [1 / 3, 0, 2 / 3])
     assert "clusters 1 have no training documents" in caplog.text

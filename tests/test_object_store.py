@@ -209,3 +209,12 @@ def test_a_missing_s3_object_stops_the_cli_before_any_stage_in_one_line(s3, tmp_
     assert [ln for ln in proc.stderr.splitlines() if ln.startswith("ccexp:")] == [
         f"ccexp: error: data.path='s3://{BUCKET}/cli/nope.jsonl' does not exist; point data.path at a .jsonl, "
         ".jsonl.gz or .parquet object, or a prefix holding them"]
+
+
+def test_a_server_that_cannot_be_reached_is_one_line():
+    """A filesystem that connects when it is made (ftp://) and finds nobody there: one line, not a traceback."""
+    from ccexp.data.corpus import check_source
+    from ccexp.errors import CcexpError
+
+    with pytest.raises(CcexpError, match=r"cannot reach the ftp:// server"):
+        check_source("ftp://127.0.0.1:9/x.jsonl")

@@ -98,6 +98,9 @@ def open_fs(url: str):
     except ValueError as e:  # "Protocol not known"
         raise CcexpError(f"data.path={url!r}: {scheme}:// is not a filesystem fsspec knows ({_first_line(e)}); use "
                          "s3://, gs://, hf://, az://, https:// or a local path") from None
+    except OSError as e:  # a filesystem that connects when it is made (ftp://, sftp://): host unknown, refused
+        raise CcexpError(f"data.path={url!r}: cannot reach the {scheme}:// server ({_first_line(e)}); check the host, "
+                         "the port and the network") from None
 
 
 @dataclass(frozen=True)

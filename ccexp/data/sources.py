@@ -15,6 +15,7 @@ from ccexp.data.corpus import CorpusBatch
 from ccexp.errors import CcexpError
 
 SOURCE_FIELD = "source"  # the label field every document of a multi-source corpus carries
+SOURCE_KEYS = ("path", "weight", "name")  # what a data.sources entry may say
 
 
 def source_names(sources: Sequence[Any]) -> list[str]:
@@ -22,13 +23,23 @@ def source_names(sources: Sequence[Any]) -> list[str]:
     ``web``).
 
     Raises:
-        CcexpError: for an entry without a path, or two sources of one name.
+        CcexpError: for an entry with a key other than path, weight and name (the one it most likely means is
+            named), an entry without a path, or two sources of one name.
     """
+    import difflib
+
     names = []
     for i, s in enumerate(sources):
+        for key in s:
+            if key not in SOURCE_KEYS:
+                close = difflib.get_close_matches(str(key), SOURCE_KEYS, n=1, cutoff=0.6)
+                raise CcexpError(f"data.sources[{i}].{key} is not a setting of a source"
+                                 + (f"; did you mean '{close[0]}'?" if close else f" (use {', '.join(SOURCE_KEYS)})"))
         if not s.get("path"):
             raise CcexpError(f"data.sources[{i}] has no path; give each source as {{path: ..., weight: ...}}")
         names.append(str(s.get("name") or re.sub(r"(\.(jsonl|json|parquet|gz))+$", "", Path(str(s["path"])).name)))
+        if "/" in names[-1]:  # ids are <source>/<id>: a "/" in a name could make two sources' ids one
+            raise CcexpError(f"data.sources[{i}] is named {names[-1]!r}; a source name may not hold '/'")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise CcexpError(f"data.sources: two sources are named {repeated[0]!r}; give each a distinct name "
@@ -50,6 +61,8 @@ def source_weights(sources: Sequence[Any]) -> np.ndarray | None:
     if any(w is None for w in given):
         raise CcexpError("data.sources: give a weight for every source or for none")
     try:
+        if any(isinstance(x, bool) for x in given):
+            raise TypeError("a boolean is not a weight")
         w = np.array([float(x) for x in given], dtype=np.float64)
     except (TypeError, ValueError):
         raise CcexpError(f"data.sources weights {given} must be numbers") from None

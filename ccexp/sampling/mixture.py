@@ -110,6 +110,21 @@ def _run_weights(folder: Path) -> dict[int, str]:
         raise CcexpError(f"{_KEY}={str(folder)!r}: tables/clusters.csv has a non-integer cluster id") from None
 
 
+def _warn_if_other_clusters(folder: Path, sizes: np.ndarray) -> None:
+    """Warn when an earlier run's clusters have other training sizes than this run's: its weights then belong
+    to another corpus or clustering, where a cluster id names another group of documents."""
+    try:
+        with open(folder / "tables" / "clusters.csv", newline="") as f:
+            theirs = {int(r["cluster"]): int(r["train_size"]) for r in csv.DictReader(f)}
+    except (OSError, KeyError, ValueError):
+        return  # _run_weights says what is wrong with the folder
+    differ = sum(theirs.get(c) != int(n) for c, n in enumerate(sizes)) + sum(c >= sizes.size for c in theirs)
+    if differ:
+        log.warning("mixture: %d of the %d clusters of %s have other training sizes than this run's: its weights "
+                    "were learned on another corpus or clustering, where a cluster id names other documents",
+                    differ, max(len(theirs), int(sizes.size)), folder)
+
+
 def _load(source: str | Path) -> Any:
     """The weights a path names: a run folder, a .csv or a .json file."""
     path = Path(source).expanduser()
@@ -173,6 +188,8 @@ def mixture_weights(weights: Any, sizes: np.ndarray, cluster_names: list[str] | 
         if len(cluster_names) != k:
             raise CcexpError(f"sampler: {len(cluster_names)} cluster names for {k} clusters")
     if isinstance(weights, (str, Path)):
+        if k > 1 and Path(weights).expanduser().is_dir():
+            _warn_if_other_clusters(Path(weights).expanduser(), sizes)
         weights = _load(weights)
     if isinstance(weights, np.ndarray):
         weights = weights.tolist()

@@ -164,6 +164,7 @@ class RunRecord:
                  continue_run: str | None = None):
         self.cfg, self.name, self.run_dir = cfg, run_name(cfg), run_dir
         self.logger = None  # Lightning's MLFlowLogger, or None when disabled
+        self._extra: list | None = None  # the loggers of logger.loggers (see loggers)
         self.continued: dict | None = None  # the interrupted run this one continues: its params and tags
         if not cfg.logger.enabled:
             return
@@ -243,10 +244,20 @@ class RunRecord:
         if self.logger is not None:
             self.client.set_tag(self.logger.run_id, key, value[:5000])
 
+    @property
+    def loggers(self) -> list:
+        """The Lightning loggers of the run: MLflow's (when enabled), then those of ``logger.loggers``
+        (TensorBoard, ...), built once from their ``_target_``."""
+        if self._extra is None:
+            from ccexp.training.extras import build_loggers
+
+            self._extra = build_loggers(self.cfg.logger.get("loggers"))
+        return [x for x in (self.logger, *self._extra) if x is not None]
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log metrics (names made MLflow-safe by :func:`metric_keys`) at ``step``."""
-        if self.logger is not None:
-            self.logger.log_metrics(metric_keys(metrics), step=step)
+        """Log metrics (names made MLflow-safe by :func:`metric_keys`) at ``step`` to every logger."""
+        for logger in self.loggers:
+            logger.log_metrics(metric_keys(metrics), step=step)
 
     def log_artifacts(self, paths: list[Path], artifact_dir: str | None = None) -> None:
         if self.logger is not None:
@@ -289,6 +300,8 @@ class RunRecord:
         """Set ``tags`` on the run and mark it FINISHED."""
         for key, value in (tags or {}).items():
             self.set_tag(key, value)
+        for logger in self.loggers[1 if self.logger is not None else 0:]:  # flush and close TensorBoard's files
+            logger.finalize("success")
         if self.logger is not None:
             self.client.set_terminated(self.logger.run_id, "FINISHED")
 

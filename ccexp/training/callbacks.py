@@ -39,7 +39,7 @@ class SamplerTelemetry(Callback):
             return
         self.history_steps.append(step)
         self.history.append(self.sampler.exposure())
-        if trainer.logger is None:
+        if not trainer.loggers:
             return
         metrics = {f"sampler/{k}": v for k, v in self.sampler.telemetry(since=self.last_exposure).items()}
         self.last_exposure = self.sampler.exposure()
@@ -49,7 +49,8 @@ class SamplerTelemetry(Callback):
             weights = self.sampler.weights()
             if weights is not None:
                 metrics.update({f"sampler/weight/{c:04d}": float(w) for c, w in enumerate(weights)})
-        trainer.logger.log_metrics(metrics, step=step)
+        for logger in trainer.loggers:  # MLflow, and any of logger.loggers (TensorBoard)
+            logger.log_metrics(metrics, step=step)
 
 
 class BatchRecorder(Callback):
@@ -121,10 +122,10 @@ class HeldoutCurve(Callback):
         self.points.append((tokens, metrics))
         log.info("curve: step %d, %s tokens: held-out sample ppl %.2f, macro %.2f, worst %.2f", trainer.global_step,
                  f"{tokens:,}", metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"])
-        if trainer.logger is not None:
-            from ccexp.names import metric_keys
+        from ccexp.names import metric_keys
 
-            trainer.logger.log_metrics(metric_keys({f"curve/{k}": v for k, v in metrics.items()}), step=tokens)
+        for logger in trainer.loggers:  # MLflow, and any of logger.loggers (TensorBoard)
+            logger.log_metrics(metric_keys({f"curve/{k}": v for k, v in metrics.items()}), step=tokens)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._evaluate(trainer, pl_module)

@@ -28,7 +28,7 @@ from ccexp.sampling import Sampler
 from ccexp.training.callbacks import (BatchRecorder, HeldoutCurve, ProgressLog, SamplerTelemetry, StopOnSignal,
                                       WeightAverage)
 from ccexp.training.data import SamplerDataModule
-from ccexp.training.extras import build_callbacks, build_loggers
+from ccexp.training.extras import build_callbacks
 from ccexp.training.module import CausalLMModule
 
 log = logging.getLogger("ccexp")
@@ -298,7 +298,7 @@ def check_resume(path: str, signature: dict) -> int:
     return step
 
 
-def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torch.nn.Module,
+def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStream, model: torch.nn.Module,
         tokenized: TokenizedCorpus, split: TrainSplit, labels: dict[str, list[str]], *, signature: dict,
         resume_from: str | None = None) -> FitResult:
     """Fit ``model`` for ``train.steps`` optimizer steps of ``train.tokens_per_step`` tokens each, in the
@@ -334,7 +334,7 @@ def fit(cfg: DictConfig, run_dir: Path, logger, stream: TokenStream, model: torc
                  StopOnSignal(run_dir / "checkpoints" / "last.ckpt"), average,
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
     callbacks += build_callbacks(cfg.get("callbacks"))  # the callbacks group (lr_monitor, debug=overfit, ...)
-    loggers = [x for x in (logger, *build_loggers(cfg.logger.get("loggers"))) if x is not None]  # MLflow first
+    loggers = list(loggers or [])  # the run record's: MLflow first, then logger.loggers (TensorBoard)
     trainer = build_trainer(cfg, run_dir, loggers, [c for c in callbacks if c is not None], model)
     trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
     from lightning.pytorch.strategies import FSDPStrategy
