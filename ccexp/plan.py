@@ -287,7 +287,7 @@ def stream_plan(cfg):
     if p.source == "synthetic":
         labels, sizes, lengths = synthetic_corpus(p.clusters, p.documents, zipf=p.zipf, mean_tokens=p.mean_tokens,
                                                   sigma=p.sigma, seed=cfg.seed)
-        sampler = runner.sampler_over(cfg.sampler, cfg.train, labels, sizes, lengths)
+        sampler, mix = runner.sampler_over(cfg.sampler, cfg.train, labels, sizes, lengths), None
     else:  # the same stages as a training run (ccexp.pipeline.run), from the cache when they are there
         from pathlib import Path
 

@@ -292,9 +292,10 @@ def _check_token_budget(cfg: DictConfig) -> None:
                          "train.micro_batch_size instead")
     prior = schemas.component("sampler", cfg.sampler).prior_run(cfg.sampler)
     if world > 1 and prior is not None:
-        raise CcexpError(f"sampler={cfg.sampler.name} trains DoReMi's {prior} model on one device, not under {world} "
-                         f"ranks; pass its output as a file: a single-device run of this config writes it under "
-                         f"<paths.cache>/{prior}/<fingerprint>/")
+        setting = {"reference": "sampler.reference_losses=auto", "proxy": "sampler.weights=doremi"}.get(prior, "sampler")
+        output = {"reference": "reference_losses.npy", "proxy": "weights.npy"}.get(prior, "")
+        raise CcexpError(f"{setting} trains DoReMi's {prior} model on one device, not under {world} ranks; pass a file: "
+                         f"a single-device run of this config writes it to <paths.cache>/{prior}/<fingerprint>/{output}")
 
 
 def _check_eval(cfg: DictConfig) -> None:

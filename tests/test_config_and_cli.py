@@ -184,7 +184,7 @@ def one_error_line(proc):
 
 def test_cli_wrong_option(tmp_path):
     line = one_error_line(run_ccexp("sampler=nope", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, dynamic, mixture, random, temperature, uniform, unimax" in line
+    assert "Could not find 'sampler/nope'" in line and "cluster_dp, clusterclip, clusterclip_m2, doremi, doremi_mixture, dynamic, mixture, random, temperature, uniform, unimax" in line
 
 
 def test_cli_unknown_key(tmp_path):
@@ -284,7 +284,7 @@ def test_bad_settings_are_rejected_before_any_work(overrides, message):
     (["sampler=dynamic", "sampler.rule=doremi", "sampler.reference_losses=null"], "needs sampler.reference_losses"),
     (["sampler=dynamic", "sampler.rule=doremi", "trainer.devices=2", "trainer.strategy=ddp_spawn",
       "train.micro_batch_size=8"],
-     "sampler.reference_losses=auto trains the reference model on one device, not under 2 ranks"),
+     "sampler.reference_losses=auto trains DoReMi's reference model on one device, not under 2 ranks"),
     (["curate.dedup.enabled=true", "curate.dedup.threshold=1.5"], "curate.dedup.threshold=1.5 must be a cosine"),
     (["curate.dedup.enabled=true", "curate.dedup.keep=oldest"], "curate.dedup.keep='oldest' is not an option"),
 ])
@@ -334,7 +334,7 @@ def test_cli_gpu_trainer_without_gpu_fails_first(tmp_path):
 def test_help_lists_the_real_groups_only(tmp_path):
     proc = run_ccexp("--help", cwd=ROOT)
     assert proc.returncode == 0 and "schema" not in proc.stdout
-    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, dynamic, mixture, random, temperature, uniform, unimax" in proc.stdout
+    assert "sampler: cluster_dp, clusterclip, clusterclip_m2, doremi, doremi_mixture, dynamic, mixture, random, temperature, uniform, unimax" in proc.stdout
     assert "ccexp: does balancing" in proc.stdout and "docs/errors.md" in proc.stdout
 
 

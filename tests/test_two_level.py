@@ -117,7 +117,7 @@ def test_two_level_rejects_bad_settings_and_nan(embeddings):
         TwoLevelKMeans(k=10, coarse_k=20)
     with pytest.raises(CcexpError, match="clusterer.nprobe=0 must be >= 1"):
         TwoLevelKMeans(k=10, nprobe=0)
-    with pytest.raises(CcexpError, match="larger than the 5 training documents"):
+    with pytest.raises(CcexpError, match="asks for 10 clusters but the corpus has 5 training documents"):
         TwoLevelKMeans(k=10).fit(emb[:5], np.ones(5, bool))
     bad = np.array(emb[:200], dtype=np.float32)
     bad[7, 3] = np.nan
