@@ -89,13 +89,15 @@ def test_debug_tiny_holds_the_tiny_sizes_and_no_data():
 
 
 @pytest.mark.slow  # a real run: about 35 s on one core
-def test_tensorboard_logs_the_training_loss_beside_the_mlflow_run(tmp_path):
+def test_tensorboard_logs_beside_the_mlflow_run_and_the_profiler_reports_into_the_run_folder(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "out"
-    proc = run_ccexp("debug=tiny", *DATA, f"paths.outputs={out}", "logger=tensorboard", "callbacks=lr_monitor",
-                     "sampler=random", cwd=tmp_path)
+    proc = run_ccexp("debug=profiler", *DATA, f"paths.outputs={out}", "logger=tensorboard", "callbacks=lr_monitor",
+                     "sampler=random", cwd=tmp_path)  # debug=profiler: the tiny sizes, and Lightning's profiler
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (report,) = out.glob("runs/*/*/fit-profile.txt")  # the profiler writes its report into the run folder
+    assert "run_training_batch" in report.read_text()
     version = out / "tensorboard" / "random-s0" / "version_0"
     acc = EventAccumulator(str(version))  # every events file of the run (training, then the final metrics)
     acc.Reload()
@@ -122,14 +124,6 @@ def test_debug_overfit_drives_the_loss_of_one_batch_far_down(tmp_path):
     loss = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: m.step)]
     assert len(loss) == 60 and loss[0] > 5.0  # about ln 512 = 6.2 before it has learnt anything
     assert loss[-1] < 0.1 * loss[0]  # one batch is learnt nearly by heart (a normal run is near 3.6 at step 20)
-
-
-@pytest.mark.slow  # a real run: about 35 s on one core
-def test_debug_profiler_writes_its_report_into_the_run_folder(tmp_path):
-    proc = run_ccexp("debug=profiler", *DATA, f"paths.outputs={tmp_path}", "train.steps=4", "logger=none", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = list(tmp_path.glob("runs/*/*/fit-profile.txt"))
-    assert len(report) == 1 and "run_training_batch" in report[0].read_text()
 
 
 @pytest.mark.parametrize("args,line", [
