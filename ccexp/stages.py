@@ -77,8 +77,10 @@ class Stages:
         return cls(store, data=cfg.data, embedder=cfg.embedder, clusterer=cfg.clusterer, model=cfg.model,
                    curate=cfg.curate)
 
-    def _run(self, stage: str, fp: str, produce, describe) -> StageResult:
-        """Reuse ``<stage>/<fp>`` if done, else call ``produce(tmp_dir) -> figures`` and publish it."""
+    def cached(self, stage: str, fp: str, produce, describe) -> StageResult:
+        """Reuse ``<stage>/<fp>`` if done, else call ``produce(tmp_dir) -> figures`` and publish it: the
+        preprocessing stages, and the training steps the recipe calls (DoReMi's prior runs), which keep
+        their output here the same way (reused when done, published whole, locked against concurrent runs)."""
         t0 = time.perf_counter()
         reused = self.store.is_done(stage, fp)
         if not reused:
@@ -125,7 +127,7 @@ class Stages:
                     raise CcexpError(f"data.path={str(src)!r} changed in the object store while it was read; run again")
             return figures
 
-        result = self._run("corpus", fp, produce,
+        result = self.cached("corpus", fp, produce,
                            lambda f: f"{f['documents']:,} docs ({f['heldout']:,} held out) in {f.get('shards', 1)} "
                                      "shard(s) from " + ", ".join(Path(p).name for p in f["source"].split(", ")))
         _log_labels(result.figures)
@@ -194,7 +196,7 @@ class Stages:
             build(self.embedder, "embedder", **runtime).embed(corpus.texts, work_dir / "unused.npy", work_dir,
                                                                   rank=rank, world_size=world, **extra)
             self.store.wait("embed", fp)
-        result = self._run("embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
+        result = self.cached("embed", fp, produce, lambda f: f"{f['documents']:,} docs, dim {f['dim']}, "
                            f"{f['docs_per_s']:.0f} docs/s when computed, {f.get('shards', 1)} shards"
                            + (f" ({f['shards_resumed']} resumed)" if f.get("shards_resumed") else ""))
         long, mode = result.figures.get("long_documents", 0), result.figures.get("long_documents_mode", "truncate")
@@ -228,7 +230,7 @@ class Stages:
                 raise CcexpError(f"embedder.model={spec!r} is a GGUF file; make it the run's model.pretrained and "
                                  "set embedder.model=model (its converted folder is used)")
             model = (self.results["model"].fingerprint if "model" in self.results else
-                     self._model_digest(pretrained)) if own else self._model_digest(runtime["pretrained"])
+                     self.model_digest(pretrained)) if own else self.model_digest(runtime["pretrained"])
         else:
             from ccexp.embedding.sentence import resolve_model_path
 
@@ -236,7 +238,7 @@ class Stages:
         extra = {"prompt_chars": corpus.prompt_chars} if "prompt_chars" in declared.needs else {}
         return runtime, extra, model
 
-    def _model_digest(self, source: str | None) -> str | None:
+    def model_digest(self, source: str | None) -> str | None:
         """The bytes of a local model folder, or of the cached snapshot of a Hugging Face model id."""
         if source is None:
             return None
@@ -279,7 +281,7 @@ class Stages:
                     "objective": result.objective, "largest": int(finest.sizes.max()),
                     "smallest": int(finest.sizes.min()), "empty": int((finest.sizes == 0).sum()), "report": report}
 
-        result = self._run("cluster", fp, produce, lambda f: f"K={'/'.join(map(str, f['levels']))}, trained on "
+        result = self.cached("cluster", fp, produce, lambda f: f"K={'/'.join(map(str, f['levels']))}, trained on "
                            f"{f['train_points']:,} points, sizes {f['smallest']}..{f['largest']} ({f['empty']} empty)")
         names = result.figures.get("names") or [None] * len(result.figures["levels"])
         levels = [Level(**{name: np.load(p) if (p := result.path / f"level{depth}_{name}.npy").is_file() else None
@@ -318,7 +320,7 @@ class Stages:
                     "removed_fraction": result.removed.size / max(1, searched),
                     "emptied_label_values": {f: [str(v) for v in vs] for f, vs in emptied.items() if vs}}
 
-        result = self._run("dedup", fp, produce, lambda f: f"{f['removed']:,} near-duplicates of {f['searched']:,} "
+        result = self.cached("dedup", fp, produce, lambda f: f"{f['removed']:,} near-duplicates of {f['searched']:,} "
                            f"training docs removed ({f['removed_fraction']:.2%}) at cosine >= {f['threshold']}")
         f = result.figures
         if f["removed_fraction"] > 0.5:
@@ -363,7 +365,7 @@ class Stages:
         if not is_gguf(path):
             return path
         fp = keys.stage_fingerprint("model", {}, {"gguf": self._digest(path)})
-        result = self._run("model", fp, lambda tmp: convert_gguf(path, tmp / "hf"),
+        result = self.cached("model", fp, lambda tmp: convert_gguf(path, tmp / "hf"),
                            lambda f: f"{f['architecture']} with {f['parameters'] / 1e6:.1f}M parameters, vocab "
                            f"{f['vocab_size']:,}, from {Path(f['source']).name}")
         return str(result.path / "hf")
@@ -388,7 +390,7 @@ class Stages:
             raise CcexpError("model.tokenizer.kind=pretrained needs model.pretrained or model.tokenizer.path")
         model = self.results["model"].fingerprint if "model" in self.results else None
         fp = keys.stage_fingerprint("tokenize", *keys.tokenize_key(
-            tcfg, self._content(), model, self._model_digest(source) if tcfg.kind == "pretrained" else None))
+            tcfg, self._content(), model, self.model_digest(source) if tcfg.kind == "pretrained" else None))
 
         shard_documents = int(self.data.shard_documents)
         work_dir = self.store.root / "tokenize" / f".work-{fp}-s{shard_documents}"  # shards of this size only
@@ -411,7 +413,7 @@ class Stages:
                 tokenize_shards(load_tokenizer(work_dir / "tokenizer"), corpus.texts, corpus.prompt_chars, work_dir,
                                 shard_documents=shard_documents, rank=rank, world_size=world)
             self.store.wait("tokenize", fp)
-        result = self._run("tokenize", fp, produce,
+        result = self.cached("tokenize", fp, produce,
                            lambda f: f"{f['tokens']:,} tokens in {f['documents']:,} docs, vocab {f['vocab_size']:,}, "
                            f"{f['separator']} before each document")
         return TokenizedCorpus(np.load(result.path / "tokens.npy", mmap_mode="r"), np.load(result.path / "offsets.npy"),
@@ -437,16 +439,6 @@ class Stages:
             tok.save_pretrained(str(work_dir / "tokenizer"))
         (work_dir / "tokenizer.done").write_text("ok\n")
         return tok
-
-    # -- for training steps the recipe calls (DoReMi's reference run) --------------------------------
-    def cached(self, stage: str, fp: str, produce, describe) -> StageResult:
-        """A stage that another step computes (``produce(tmp_dir) -> figures``), kept under ``<cache>/<stage>/<fp>``
-        like the preprocessing stages: reused when done, published whole, locked against concurrent runs."""
-        return self._run(stage, fp, produce, describe)
-
-    def model_digest(self, source: str | None) -> str | None:
-        """The bytes of a local model folder or cached Hugging Face snapshot (None for no model)."""
-        return self._model_digest(source)
 
 
 def _log_labels(figures: dict) -> None:

@@ -245,3 +245,16 @@ def test_a_nan_step_size_is_refused(setting):
     labels, sizes = make([4, 4])
     with pytest.raises(CcexpError, match="need 0 <= sampler.beta < 1"):
         DynamicSampler(labels, sizes, block_size=2, rule="doremi", reference_losses=[1.0, 1.0], **{setting: float("nan")})
+
+
+def test_a_prior_run_carries_none_of_the_runs_callbacks_or_profiler():
+    """DoReMi's reference and proxy runs train without loggers: the run's callbacks (lr_monitor refuses a
+    logger-less trainer; debug=overfit would train them on one batch) and profiler are left out of them."""
+    from ccexp.config import RandomConfig, compose
+    from ccexp.training.reference import side_config
+
+    cfg = compose(["debug=overfit", "callbacks=lr_monitor", "trainer.profiler=simple", "sampler=doremi"])
+    assert set(cfg.callbacks) == {"lr_monitor", "overfit_batch"}
+    side = side_config(cfg, RandomConfig(name="random"), 3)
+    assert dict(side.callbacks) == {} and side.trainer.profiler is None and side.train.steps == 3
+    assert side.sampler.name == "random" and set(cfg.callbacks) == {"lr_monitor", "overfit_batch"}  # cfg untouched

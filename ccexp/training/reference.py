@@ -83,13 +83,15 @@ def _upstream(stages, split: TrainSplit, pretrained: str | None) -> tuple[dict, 
 
 def side_config(cfg: DictConfig, sampler, steps: int) -> DictConfig:
     """``cfg`` for a prior run: the ``sampler`` schema instance, ``steps`` optimizer steps, one device, no
-    resume, checkpoints, batch records or held-out curve."""
+    resume, checkpoints, batch records, held-out curve, profiler or the run's own callbacks (a logger-less
+    side run: ``callbacks=lr_monitor`` would refuse it, ``debug=overfit`` would train it on one batch)."""
     side = cfg.copy()
     with open_dict(side):
         side.sampler = OmegaConf.structured(sampler)
         side.train.steps, side.train.resume_from, side.train.checkpoint_every_n_steps = steps, None, None
         side.train.record_batches, side.eval.every_n_steps = False, None
         side.trainer.devices, side.trainer.num_nodes, side.trainer.strategy = 1, 1, "auto"
+        side.trainer.profiler, side.callbacks = None, {}
     return side
 
 
