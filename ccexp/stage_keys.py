@@ -195,3 +195,13 @@ def reference_key(cfg: DictConfig, upstream: dict[str, str], weights: str | None
                 "train": {k: t[k] for k in ("tokens_per_step", "seq_len", "lr", "weight_decay", "warmup_steps",
                                              "max_doc_tokens", "document_mask", "micro_batch_size", "on_nonfinite")}}
     return settings, {**upstream, "weights": weights, "train_split": split}
+
+
+def proxy_key(proxy: DictConfig, steps: int, upstream: dict[str, str], weights: str | None, split: str,
+              reference_losses: str) -> tuple[dict, dict]:
+    """(settings, inputs) of DoReMi's proxy run: its training run's settings as the reference run's
+    (:func:`reference_key` of the proxy's config), its own ``steps`` and sampler settings; the reference
+    losses it is driven by (``reference_losses``: their digest) besides the reference run's inputs."""
+    settings, inputs = reference_key(proxy, upstream, weights, split)
+    return ({**settings, "proxy_steps": int(steps), "sampler": OmegaConf.to_container(proxy.sampler, resolve=True)},
+            {**inputs, "reference_losses": reference_losses})

@@ -40,6 +40,22 @@ def fingerprints(overrides: list[str], **changed: str) -> dict[str, str]:
 BASELINE = None
 
 
+def test_the_proxy_key_holds_the_proxy_steps_and_the_reference_losses():
+    """proxy_steps=10 and 12 give the same derived reference steps and warm-up (20 % and 5 % of either, rounded
+    down): the proxy's own steps must still be in its key, or the 10-step proxy would be reused for 12."""
+    from ccexp.config import DynamicConfig, compose
+    from ccexp.training.reference import side_config
+
+    cfg = compose(["sampler=doremi_mixture"])
+    up = ({"corpus": "c", "cluster": "k", "tokenize": "t"}, "w", "s")
+
+    def fp(steps: int, losses: str = "l") -> str:
+        proxy = side_config(cfg, DynamicConfig(name="doremi", rule="doremi"), steps)
+        return keys.stage_fingerprint("proxy", *keys.proxy_key(proxy, steps, *up, losses))
+
+    assert fp(10) == fp(10) and fp(10) != fp(12) and fp(10) != fp(10, "other losses")
+
+
 def baseline() -> dict[str, str]:
     global BASELINE
     BASELINE = BASELINE or fingerprints([])

@@ -171,9 +171,8 @@ def proxy_weights(cfg: DictConfig, stages, split: TrainSplit, tokenized: Tokeniz
     proxy = side_config(cfg, DynamicConfig(name="doremi", rule="doremi", level=cfg.sampler.level,
                                            seed=int(cfg.sampler.seed)), steps)
     losses = reference_losses(proxy, stages, split, tokenized, pretrained)
-    settings, inputs = keys.reference_key(proxy, *_upstream(stages, split, pretrained))
-    fp = keys.stage_fingerprint("proxy", {**settings, "sampler": OmegaConf.to_container(proxy.sampler, resolve=True)},
-                                {**inputs, "reference_losses": hashlib.sha256(losses.tobytes()).hexdigest()})
+    fp = keys.stage_fingerprint("proxy", *keys.proxy_key(proxy, steps, *_upstream(stages, split, pretrained),
+                                                         hashlib.sha256(losses.tobytes()).hexdigest()))
 
     def produce(tmp: Path) -> dict:
         log.info("proxy: training DoReMi's proxy model, %d steps with sampler=dynamic rule=doremi", steps)
