@@ -62,6 +62,8 @@ class Sampler(ABC):
     # True for a policy whose draws depend on the training losses (observe()): its stream cannot be
     # known before training, so no model-free plan can tell it identical to another's
     needs_feedback = False
+    # the unit of given_weights(): "tokens" (shares of the training tokens) or "documents" (of the draws)
+    weight_unit = "tokens"
 
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  document_tokens: np.ndarray | None = None, token_budget: int | None = None):
@@ -135,9 +137,22 @@ class Sampler(ABC):
         return None
 
     def average_weights(self) -> np.ndarray | None:
-        """float64[K] the sampling weights averaged over training (a learned mixture), for policies that
-        learn them (else None)."""
+        """float64[K] the sampling weights averaged over training (a learned mixture) as *token shares*
+        (summing to 1), for policies that learn them (else None); what ``sampler=mixture`` reuses."""
         return None
+
+    def given_weights(self) -> np.ndarray | None:
+        """float64[K] the mixture a policy was given to train on (``sampler=mixture``), in its unit
+        (token shares unless the policy says otherwise), for policies that take one (else None)."""
+        return None
+
+    def mean_document_tokens(self) -> np.ndarray:
+        """float64[K]: mean ``document_tokens`` of each cluster's documents (1 where the lengths are not
+        known or the cluster is empty)."""
+        if self.document_tokens is None:
+            return np.ones(self.num_clusters)
+        total = np.bincount(self.labels, weights=self.document_tokens, minlength=self.num_clusters)
+        return np.divide(total, self.sizes, out=np.ones(self.num_clusters), where=self.sizes > 0)
 
     def notes(self) -> list[tuple[int, str]]:
         """What the run's log should say about this policy once it is built over the training documents:
@@ -194,6 +209,21 @@ class Sampler(ABC):
         if since is not None:
             out.update({f"window_{k}": v for k, v in mix_statistics(self._exposure - since, self.sizes).items()})
         return out
+
+
+def token_shares(document_weights: np.ndarray, mean_tokens: np.ndarray) -> np.ndarray:
+    """float64[K]: the expected share of tokens of each cluster when documents are drawn with cluster
+    probabilities ``document_weights`` (float[K]) from clusters whose documents hold ``mean_tokens``
+    (float[K]) tokens on average: ``p_c · μ_c / Σ_j p_j · μ_j``."""
+    t = np.asarray(document_weights, dtype=np.float64) * np.asarray(mean_tokens, dtype=np.float64)
+    return t / t.sum() if t.sum() > 0 else t
+
+
+def document_shares(token_weights: np.ndarray, mean_tokens: np.ndarray) -> np.ndarray:
+    """float64[K]: the cluster draw probabilities whose expected token shares are ``token_weights``
+    (the inverse of :func:`token_shares`): ``t_c / μ_c / Σ_j t_j / μ_j``."""
+    p = np.asarray(token_weights, dtype=np.float64) / np.asarray(mean_tokens, dtype=np.float64)
+    return p / p.sum() if p.sum() > 0 else p
 
 
 def mix_statistics(drawn: np.ndarray, sizes: np.ndarray) -> dict[str, float]:

@@ -19,23 +19,32 @@ Rules (``K`` = non-empty clusters, ``t`` = optimizer steps since the warm-up end
   uniform) for ``K ln K`` updates — the whole default run at K=32. Exploration ends (``ε_t < 1/K``)
   after ``K ln K`` steps (111 at K=32). A cluster's ``R`` starts at its first observation; clusters
   never observed take the mean ``R``.
-* ``doremi`` — DoReMi's excess-loss update, Xie et al., arXiv 2305.10429, Alg. 1, with a
+* ``doremi`` — DoReMi's excess-loss update, Xie et al., arXiv 2305.10429, Alg. 1, as the authors'
+  ``update_domain_weights`` (sangmichaelxie/doremi, ``doremi/trainer.py``, ``doremiv1``), with a
   reference model's per-cluster loss ``L_ref`` (``reference_losses``; by default the ``reference``
   stage's, a short ``sampler=random`` run on the same data, :func:`ccexp.training.reference.reference_losses`):
-  ``log w ← log w + η_t · max(L_c − L_ref,c, 0)``, ``π = (1-ε) softmax(log w) + ε/K``, with DoReMi's
-  ``η = 1``, ``ε = 1e-3`` taken per token of evidence: ``η_t = η · (n_t / K) / eta_tokens``, ``n_t`` the
-  update's tokens, ``eta_tokens`` = 2^19 / 22 = 23,831 the tokens per domain of one DoReMi step (a
-  batch of 512 x 1,024 tokens over the Pile's 22 domains, Sec. 3). Taken per update instead (as in
-  the paper, ``eta_tokens=null``), a run of 2,048-token steps over K = 32 clusters has ~64 tokens
-  per cluster mean: η = 1 then follows the noise and put 57 % of the average weight on one cluster
-  within 200 steps (measured; collapse), where the per-token rate moves the weights by the
-  evidence the paper's own steps carry.
+  ``λ_c = max(L_c − L_ref,c, 0)`` for a cluster seen in the window (the last ``λ_c`` for one that was
+  not, as the authors keep ``perdomain_scores``), ``α = softmax(log π + η_t · λ)``,
+  ``π ← (1-ε) α + ε/K``: each update starts from the previous *smoothed* weights, so a cluster that fell
+  behind catches up as soon as its excess loss exceeds the others' (corrected 2026-12-02: an unbounded
+  running sum of ``log w`` was kept before, and a cluster that fell behind could never catch up).
+  DoReMi's ``η = 1``, ``ε = 1e-3`` are taken per token of evidence: ``η_t = η · (n_t / K) / eta_tokens``,
+  ``n_t`` the update's tokens, ``eta_tokens`` = 2^19 / 22 = 23,831 the tokens per domain of one DoReMi
+  step (a batch of 512 x 1,024 tokens over the Pile's 22 domains, Sec. 3). Taken per update instead (as
+  in the paper, ``eta_tokens=null``), a run of 2,048-token steps over K = 32 clusters has ~64 tokens
+  per cluster mean: η = 1 then follows the noise. Two differences from the authors' code remain,
+  both documented in docs/policies.md: the excess is clipped per *cluster mean* (ccexp's reference is
+  one loss per cluster, not per token: ``max(mean(ℓ) − L_ref, 0)`` where the authors take
+  ``mean(max(ℓ − ℓ_ref, 0))`` over tokens, which is larger whenever some tokens beat the reference), and
+  clusters are *drawn* from ``π`` (the authors draw from the initial mix and reweight the loss by ``π``).
 
 Invariants (tested): ``π`` stays on the simplex with ``π_c ≥ ε_t``; equal losses keep ``π``
 uniform; a cluster with persistently higher loss gains probability; no update during warm-up.
-:meth:`average_weights` is ``π`` averaged over the optimizer steps since the warm-up: DoReMi's
-output, the mixture to reuse (Xie et al. 2023, Alg. 1, "return the average weights").
-State: O(K) (``R``, ``log w``, ``π``, the open window's sums, counters of updates and observed steps).
+:meth:`average_weights` is DoReMi's output, the mixture to reuse (Xie et al. 2023, Alg. 1, "return
+the average weights"): ``π`` averaged over the updates (the weights after each update, as the authors'
+``write_weights`` averages them), given as *token shares* (``π_c · μ_c`` normalised, ``μ_c`` the mean
+tokens of cluster c's documents: ``π`` draws documents, and a mixture's weights are shares of tokens).
+State: O(K) (``R``, ``λ``, ``π``, the open window's sums, counters of updates and observed steps).
 """
 from __future__ import annotations
 
@@ -46,6 +55,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ccexp.errors import CcexpError
+from ccexp.sampling.base import token_shares
 from ccexp.sampling.clip import RepetitionClip
 from ccexp.sampling.uniform import UniformSampler
 
@@ -154,25 +164,23 @@ class DynamicSampler(UniformSampler):
         self._k = int(self._present.sum())
         self._pi = np.where(self._present, 1.0 / self._k, 0.0)
         self._reward = np.full(self.num_clusters, np.nan)
-        self._log_w = np.zeros(self.num_clusters)
+        self._excess = np.zeros(self.num_clusters)  # DoReMi's λ: the last excess loss of each cluster
         self._updates = 0
         self._steps_observed = 0
         self._window_loss = np.zeros(self.num_clusters)
         self._window_tokens = np.zeros(self.num_clusters, dtype=np.int64)
-        self._pi_sum = np.zeros(self.num_clusters)  # Σ π over the steps since warm-up (average_weights)
+        self._pi_sum = np.zeros(self.num_clusters)  # Σ π over the updates (average_weights)
 
     # -- the feedback loop --------------------------------------------------------------------
     def observe(self, step: int, cluster_loss: np.ndarray, cluster_tokens: np.ndarray) -> None:
         """Add optimizer step ``step``'s per-cluster summed token loss (float[K], nats) and token counts
         (int[K]); update ``π`` at the end of every ``update_every``-step window after warm-up."""
         self._steps_observed = step + 1
-        if step + 1 > self.warmup_steps:
-            self._pi_sum += self._pi  # the mix this step was drawn from
         self._window_loss += np.asarray(cluster_loss, dtype=np.float64)
         self._window_tokens += np.asarray(cluster_tokens, dtype=np.int64)
         if (step + 1) % self.update_every:
             return
-        if step + 1 > self.warmup_steps:
+        if step + 1 > self.warmup_steps and self._window_tokens.any():  # no token, no evidence: no update
             seen = self._window_tokens > 0
             mean_loss = np.zeros(self.num_clusters)
             mean_loss[seen] = self._window_loss[seen] / self._window_tokens[seen]
@@ -183,10 +191,15 @@ class DynamicSampler(UniformSampler):
     def steps_since_warmup(self) -> int:
         return max(0, self._steps_observed - self.warmup_steps)
 
+    def average_draw_weights(self) -> np.ndarray:
+        """float64[K]: ``π`` (the clusters' draw probabilities) averaged over the updates (the current ``π``
+        before any), as the authors' ``write_weights`` averages ``train_domain_weights``."""
+        return self._pi_sum / self._updates if self._updates else self._pi.copy()
+
     def average_weights(self) -> np.ndarray:
-        """float64[K]: ``π`` averaged over the optimizer steps since the warm-up (uniform before any)."""
-        n = self.steps_since_warmup()
-        return self._pi_sum / n if n else self._pi.copy()
+        """float64[K] token shares of :meth:`average_draw_weights`: each cluster's averaged draw probability
+        times its mean document tokens, normalised (see the module docstring)."""
+        return token_shares(self.average_draw_weights(), self.mean_document_tokens())
 
     def epsilon_t(self, t: int) -> float:
         """ODM's exploration rate ``t`` optimizer steps after the warm-up: ``min(1/K, sqrt(ln K / (K t)))``."""
@@ -210,13 +223,14 @@ class DynamicSampler(UniformSampler):
             eps = self.epsilon_t(self.steps_since_warmup())
             w = (1 - self._k * eps) * reward / reward.sum() + eps
         else:
-            excess = np.where(seen, np.maximum(mean_loss - self.reference_losses, 0.0), 0.0)
-            self._log_w = self._log_w + self.step_size(tokens) * excess
-            z = np.where(self._present, self._log_w, -np.inf)
+            self._excess = np.where(seen, np.maximum(mean_loss - self.reference_losses, 0.0), self._excess)
+            with np.errstate(divide="ignore"):  # a weight of exactly 0 (epsilon=0) stays 0
+                z = np.where(self._present, np.log(self._pi) + self.step_size(tokens) * self._excess, -np.inf)
             soft = np.exp(z - z.max())
             w = (1 - self.epsilon) * soft / soft.sum() + self.epsilon / self._k
         self._pi = np.where(self._present, w, 0.0)
         self._pi /= self._pi.sum()
+        self._pi_sum += self._pi
 
     # -- drawing ------------------------------------------------------------------------------
     def weights(self) -> np.ndarray:
@@ -237,7 +251,7 @@ class DynamicSampler(UniformSampler):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "pi": self._pi.copy(), "reward": self._reward.copy(),
-                "log_w": self._log_w.copy(), "updates": self._updates, "steps_observed": self._steps_observed,
+                "excess": self._excess.copy(), "updates": self._updates, "steps_observed": self._steps_observed,
                 "window_loss": self._window_loss.copy(),
                 "window_tokens": self._window_tokens.copy(), "rule": self.rule, "pi_sum": self._pi_sum.copy()}
 
@@ -245,7 +259,7 @@ class DynamicSampler(UniformSampler):
         super().load_state_dict(state)
         self._pi = np.asarray(state["pi"], dtype=np.float64).copy()
         self._reward = np.asarray(state["reward"], dtype=np.float64).copy()
-        self._log_w = np.asarray(state["log_w"], dtype=np.float64).copy()
+        self._excess = np.asarray(state.get("excess", np.zeros(self.num_clusters)), dtype=np.float64).copy()
         self._updates = int(state["updates"])
         self._steps_observed = int(state["steps_observed"])
         self._window_loss = np.asarray(state["window_loss"], dtype=np.float64).copy()
