@@ -472,7 +472,8 @@ class MixtureConfig(SamplerConfig):
     # one per cluster: [w0, w1, ...], {cluster: w}, a .csv / .json file, an earlier run's folder, or "doremi": learn
     # them first with DoReMi's proxy run (Xie et al. 2023: dynamic rule=doremi for proxy_steps, its average weights)
     weights: Any = MISSING
-    max_repetitions: Optional[int] = ge(1, None)  # OLMo-core's max repetition factor: no document drawn more often; null = no cap
+    weight_unit: str = "tokens"  # tokens: each weight is the cluster's share of the training tokens | documents: of the draws
+    max_repetitions: Optional[int] = ge(1, None)  # no document drawn more often (the rest re-mixed, see policies.md); null = no cap
     on_exhausted: str = "error"  # error | reset: what a cap that exhausts every weighted cluster does
     proxy_steps: int = ge(1, "${train.steps}", setting=True)  # weights=doremi: optimizer steps of the proxy run
 

@@ -54,6 +54,80 @@ def test_the_cluster_mix_reproduces_the_given_weights_within_sampling_error(weig
     assert np.allclose(s.weights(), pi)
 
 
+@settings(max_examples=40, deadline=None)
+@given(weights=st.lists(st.one_of(st.just(0.0), st.floats(0.01, 10.0)), min_size=2, max_size=6)
+       .filter(lambda w: sum(w) > 0),
+       sizes=st.lists(st.integers(1, 30), min_size=6, max_size=6),
+       scales=st.lists(st.integers(1, 2000), min_size=6, max_size=6), block=st.integers(1, 200),
+       seed=st.integers(0, 2**31))
+def test_token_shares_hold_within_one_document_at_every_prefix(weights, sizes, scales, block, seed):
+    """``weight_unit=tokens`` (the default): at every document boundary of the stream, every cluster of
+    weight > 0 holds ``|x_c - w_c T| <= L`` tokens (x_c its tokens, T all tokens, L the longest document
+    of a cluster with weight), whatever the clusters' document lengths (here each cluster's lengths are
+    drawn around its own scale, 1 to 2,000 tokens); clusters of weight 0 get no token."""
+    k = len(weights)
+    labels, sizes = clustered_documents(sizes[:k], seed=seed % 1000)
+    rng = np.random.default_rng(seed)
+    tokens = np.maximum(1, (np.asarray(scales[:k])[labels] * rng.uniform(0.2, 1.8, labels.size)).astype(np.int64))
+    s = MixtureSampler(labels, sizes, block_size=block, seed=seed, weights=weights, document_tokens=tokens)
+    docs = np.concatenate([s.next_block() for _ in range(-(-600 // block))])
+    w = np.asarray(weights) / sum(weights)
+    per = np.zeros((docs.size, k))
+    per[np.arange(docs.size), labels[docs]] = tokens[docs]
+    x = per.cumsum(axis=0)  # tokens per cluster after each document
+    T = x.sum(axis=1, keepdims=True)
+    bound = tokens[w[labels] > 0].max()
+    assert np.abs(x - w * T)[:, w > 0].max() <= bound + 1e-9
+    assert np.all(x[-1, w == 0] == 0)
+
+
+def test_equal_token_weights_give_long_documents_no_more_tokens_but_document_weights_do():
+    """The issue's real case in small: four equal weights, one cluster of documents 20x longer. As token
+    shares each cluster gets a quarter of the tokens (within one document); as draw probabilities
+    (``weight_unit=documents``, ccexp before 2026-12-02) the long cluster takes most of them."""
+    labels, sizes = clustered_documents([50, 50, 50, 50])
+    tokens = np.where(labels == 0, 400, 20)
+    share, total = {}, {}
+    for unit in ("tokens", "documents"):
+        s = MixtureSampler(labels, sizes, block_size=64, seed=3, weights=[1, 1, 1, 1], document_tokens=tokens,
+                           weight_unit=unit)
+        docs = np.concatenate([s.next_block() for _ in range(40)])
+        got = np.bincount(labels[docs], weights=tokens[docs], minlength=4)
+        share[unit], total[unit] = got / got.sum(), got.sum()
+    assert np.abs(share["tokens"] - 0.25).max() <= 400 / total["tokens"]  # one long document
+    assert share["documents"][0] > 0.8  # 400 / (400 + 3 · 20) = 0.87 expected
+
+
+@settings(max_examples=20, deadline=None)
+@given(weights=st.lists(st.floats(0.01, 10.0), min_size=3, max_size=3), seed=st.integers(0, 2**31),
+       block=st.integers(1, 50))
+def test_document_weights_keep_the_iid_draws_whatever_the_lengths(weights, seed, block):
+    """``weight_unit=documents`` keeps the draw-probability behaviour: each draw's cluster is i.i.d. from
+    the weights, so counts pass the exact binomial test however long each cluster's documents are."""
+    labels, sizes = clustered_documents([20, 20, 20], seed=seed % 1000)
+    tokens = np.array([1, 50, 900])[labels]
+    s = MixtureSampler(labels, sizes, block_size=block, seed=seed, weights=weights, document_tokens=tokens,
+                       weight_unit="documents")
+    got, _ = counts(s, -(-3000 // block))
+    pi = np.asarray(weights) / sum(weights)
+    assert binomial_p_values(got, int(got.sum()), pi).min() >= FALSE_FAILURE / 3
+
+
+def test_with_a_cap_the_rest_are_re_mixed_in_their_token_proportions():
+    """When ``max_repetitions`` takes a cluster out, the others continue at their weights' proportions,
+    measured in tokens from that moment (the bound holds again, counted from the change)."""
+    labels, sizes = clustered_documents([3, 40, 40])
+    tokens = np.array([30, 10, 30])[labels]
+    s = MixtureSampler(labels, sizes, block_size=16, seed=2, weights=[0.5, 0.25, 0.25], document_tokens=tokens,
+                       max_repetitions=2, on_exhausted="reset")
+    docs = np.concatenate([s.next_block() for _ in range(3)])
+    first_out = int(np.flatnonzero(labels[docs] == 0)[5]) + 1  # cluster 0's 6th draw: 2 passes of 3 documents
+    after = docs[first_out:]
+    assert not np.any(labels[after] == 0)
+    got = np.bincount(labels[after], weights=tokens[after], minlength=3)
+    assert abs(got[1] - got[2]) <= 30  # 0.25 : 0.25 within one document
+
+
 def test_the_bound_detects_a_wrong_mix():
     """The test above has power: 3,000 draws from [0.5, 0.3, 0.2] fail it against a mix 5 points off."""
     labels, sizes = clustered_documents([20, 20, 20])
@@ -241,7 +315,37 @@ def test_one_cluster_stand_in_checks_values_not_count():
         MixtureSampler(labels, sizes, weights=[0.5, -1])
 
 
+def test_a_capped_mixture_table_shows_the_given_and_the_realised_mix_and_a_later_run_reuses_the_realised(tmp_path):
+    """A run whose ``max_repetitions`` bound trained on another mix than it was given: its table holds both
+    (``given_token_share``, and ``average_weight`` = the realised ``token_share``), and ``sampler.weights=<that
+    run's folder>`` reuses what it trained on, not the weights it was given."""
+    import csv
+
+    k = SIZES.size
+    given = np.array([0.4, 0.2, 0.2, 0.2])
+    trained = np.array([152, 283, 283, 282])  # the cap bound cluster 0: 15.2 % of the tokens for a weight of 0.4
+    table = write_cluster_table(tmp_path / "run" / "tables" / "clusters.csv", sizes=SIZES, exposure=SIZES,
+                                loss_sum=np.ones(k), loss_tokens=trained, given_weights=given,
+                                per_cluster={"documents": np.ones(k, int), "tokens": np.ones(k, int), "ppl": np.ones(k)})
+    rows = list(csv.DictReader(open(table)))
+    assert [float(r["given_token_share"]) for r in rows] == given.tolist()
+    assert [float(r["average_weight"]) for r in rows] == [float(r["token_share"]) for r in rows]
+    assert float(rows[0]["average_weight"]) == 0.152
+    assert np.allclose(weights_of(str(tmp_path / "run")), trained / trained.sum(), atol=1e-6)
+
+
+def test_a_run_folder_holds_token_shares_and_the_document_unit_converts_them(tmp_path):
+    """A run folder's ``average_weight`` is a token share; ``weight_unit=documents`` divides by this run's
+    mean document tokens (cluster 0's documents are 3x longer, so its draw probability is a third)."""
+    folder = str(run_folder(tmp_path / "dynamic", np.array([0.25, 0.25, 0.25, 0.25])))
+    labels, sizes = clustered_documents(SIZES)
+    tokens = np.where(labels == 0, 30, 10)
+    s = MixtureSampler(labels, sizes, weights=folder, document_tokens=tokens, weight_unit="documents")
+    assert np.allclose(s.weights(), np.array([1 / 3, 1, 1, 1]) / (10 / 3))
+
+
 @pytest.mark.parametrize("bad,message", [(dict(max_repetitions=0), "sampler.max_repetitions must be an integer >= 1"),
+                                         (dict(weight_unit="bytes"), "sampler.weight_unit='bytes' is not an option"),
                                          (dict(on_exhausted="stop"), "sampler.on_exhausted='stop' is not an option"),
                                          (dict(weights=None), "sampler.weights is required")])
 def test_bad_options(bad, message):
@@ -285,11 +389,11 @@ def test_a_run_trains_on_the_given_mixture(tmp_path):
     assert exposure[3] == 0 and exposure[:3].min() > 0 and np.all(exposure <= 8 * sizes)
 
 
-def _average_weights(run_folder):
+def _average_weights(run_folder, column="average_weight"):
     import csv
 
     rows = list(csv.DictReader(open(next(run_folder.glob("tables/clusters.csv")))))
-    return np.array([float(r["average_weight"]) for r in rows]), np.array([int(r["train_size"]) for r in rows])
+    return np.array([float(r[column]) for r in rows]), np.array([int(r["train_size"]) for r in rows])
 
 
 @pytest.mark.slow
@@ -309,10 +413,12 @@ def test_a_doremi_run_followed_by_a_mixture_run_on_its_weights_trains_on_them(tm
     proc = run_ccexp(*base, "sampler=mixture", f"sampler.weights={doremi}", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (mixture,) = [p.parent.parent for p in tmp_path.glob("runs/*/*/tables/clusters.csv") if p.parent.parent != doremi]
-    given, _ = _average_weights(mixture)
+    given, _ = _average_weights(mixture, "given_token_share")
     expected = np.where(sizes > 0, learned, 0) / np.where(sizes > 0, learned, 0).sum()
     np.testing.assert_allclose(given, expected, rtol=1e-5, atol=1e-6)
-    assert "mixture: cluster weights" in proc.stdout + proc.stderr
+    realised, _ = _average_weights(mixture)  # the token shares it trained on: within a few documents of the given
+    assert np.abs(realised - given).max() < 0.05
+    assert "mixture: cluster weights as token shares" in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
@@ -332,7 +438,7 @@ def test_doremi_mixture_learns_the_weights_with_a_proxy_run_then_trains_on_them(
     (proxy,) = tmp_path.glob("cache/proxy/*/weights.npy")
     learned = np.load(proxy)
     (run,) = [p.parent.parent for p in tmp_path.glob("runs/*/*/tables/clusters.csv")]
-    given, sizes = _average_weights(run)
+    given, sizes = _average_weights(run, "given_token_share")
     expected = np.where(sizes > 0, learned, 0) / np.where(sizes > 0, learned, 0).sum()
     np.testing.assert_allclose(given, expected, rtol=1e-5, atol=1e-6)
     again = run_ccexp(*args, cwd=ROOT)
@@ -340,7 +446,7 @@ def test_doremi_mixture_learns_the_weights_with_a_proxy_run_then_trains_on_them(
     import re
 
     log = again.stdout + again.stderr
-    assert re.search(r"proxy: a 12-step DoReMi proxy learned weights .*reused=True", log)
+    assert re.search(r"proxy: a 12-step DoReMi proxy learned token shares .*reused=True", log)
     assert "proxy: training" not in log
 
 

@@ -214,6 +214,7 @@ POLICIES = [
     (UniMaxSampler, dict(max_epochs=2, on_exhausted="reset")),
     (MixtureSampler, dict(weights=[0.4, 0.1, 0.2, 0.0, 0.3])),
     (MixtureSampler, dict(weights=[4, 1, 2, 0, 3], max_repetitions=2, on_exhausted="reset")),
+    (MixtureSampler, dict(weights=[4, 1, 2, 0, 3], weight_unit="documents", max_repetitions=2, on_exhausted="reset")),
 ]
 # target token shares per source with a cluster policy inside each (not in the histogram test: its
 # histogram also counts the documents an inner policy has drawn into its buffer, see ccexp.sampling.sources)

@@ -159,23 +159,36 @@ def _save(fig, path: Path) -> Path:
 
 def write_cluster_table(path: Path, *, sizes: np.ndarray, exposure: np.ndarray, loss_sum: np.ndarray,
                         loss_tokens: np.ndarray, per_cluster: dict[str, np.ndarray],
-                        average_weights: np.ndarray | None = None) -> Path:
+                        average_weights: np.ndarray | None = None, given_weights: np.ndarray | None = None,
+                        given_unit: str = "tokens") -> Path:
     """``clusters.csv``, one row per cluster: ``train_size`` (training documents), ``exposure``
-    (documents drawn), ``train_tokens`` / ``train_loss_mean`` (tokens trained on, their mean loss in
-    nats), ``heldout_docs``, ``heldout_tokens``, ``heldout_ppl``; for a learning policy also
-    ``average_weight`` (its sampling weight averaged over training: the learned mixture)."""
+    (documents drawn), ``train_tokens`` / ``token_share`` / ``train_loss_mean`` (tokens trained on, their
+    share of the run's, their mean loss in nats), ``heldout_docs``, ``heldout_tokens``, ``heldout_ppl``.
+
+    A policy given a mixture (``given_weights``, float[K]: ``sampler=mixture``) adds ``given_token_share``
+    (or ``given_document_share`` for ``given_unit="documents"``) and ``average_weight``, the *realised*
+    token share — which differs from the given one where ``max_repetitions`` bound. A learning policy
+    (``average_weights``, float[K] token shares: ODM, DoReMi) adds ``average_weight``, its weights averaged
+    over training. ``average_weight`` is what ``sampler.weights=<this run's folder>`` reuses: the token
+    shares the run trained on (given or learned), never weights it did not train on."""
     import csv
 
+    share = loss_tokens / max(1, int(np.sum(loss_tokens)))
+    if given_weights is not None:
+        average_weights = share  # a given mix: what was trained on, after any cap
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["cluster", "train_size", "exposure", "train_tokens", "train_loss_mean", "heldout_docs",
-                    "heldout_tokens", "heldout_ppl"] + (["average_weight"] if average_weights is not None else []))
+        w.writerow(["cluster", "train_size", "exposure", "train_tokens", "token_share", "train_loss_mean",
+                    "heldout_docs", "heldout_tokens", "heldout_ppl"]
+                   + ([f"given_{'token' if given_unit == 'tokens' else 'document'}_share"] if given_weights is not None else [])
+                   + (["average_weight"] if average_weights is not None else []))
         for c in range(int(sizes.size)):
-            w.writerow([c, int(sizes[c]), int(exposure[c]), int(loss_tokens[c]),
+            w.writerow([c, int(sizes[c]), int(exposure[c]), int(loss_tokens[c]), f"{share[c]:.6f}",
                         f"{loss_sum[c] / loss_tokens[c]:.5f}" if loss_tokens[c] else "",
                         int(per_cluster["documents"][c]), int(per_cluster["tokens"][c]),
                         f"{per_cluster['ppl'][c]:.4f}" if per_cluster["tokens"][c] else ""]
+                       + ([f"{given_weights[c]:.6f}"] if given_weights is not None else [])
                        + ([f"{average_weights[c]:.6f}"] if average_weights is not None else []))
     return path
 
@@ -306,7 +319,8 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
     table = write_cluster_table(run_dir / "tables" / "clusters.csv", sizes=sizes, exposure=sampler.exposure(),
                                 loss_sum=module.cluster_loss_sum.cpu().numpy(),
                                 loss_tokens=module.cluster_tokens.cpu().numpy(), per_cluster=result.per_cluster,
-                                average_weights=sampler.average_weights())
+                                average_weights=sampler.average_weights(), given_weights=sampler.given_weights(),
+                                given_unit=sampler.weight_unit)
     files: list[tuple[Path, str | None]] = [(run_dir / "resolved_config.yaml", None), (table, "tables")]
     if result.per_document is not None:
         files.append((write_document_table(run_dir / "tables" / "heldout_documents.csv", result.per_document), "tables"))

@@ -283,6 +283,81 @@ def grouped_documents(counts, exposure, sizes, starts, members, key, out):
 
 
 @_jit
+def token_fair_documents(weights, taken, exposure, quota, sizes, starts, members, document_tokens, key, out):
+    """Documents chosen so that each cluster's *tokens* follow ``weights``: weighted fair queueing with
+    eligibility (WF²Q, Bennett & Zhang 1996; the rule and bound of :mod:`ccexp.sampling.sources`, with
+    clusters for sources). Cluster ``c``'s next document is its draw number ``exposure[c]`` (its passes,
+    as :func:`pass_stream`); among the clusters with ``weights[c] > 0`` and ``quota[c] > 0`` that are not
+    ahead (``taken[c] <= weights[c] · Σ taken``) the one whose next document finishes first,
+    ``(taken[c] + tokens) / weights[c]``, is chosen (ties: lowest id). O(K) per document.
+
+    Args:
+        weights: float64[K] target token shares of the clusters in play (summing to 1 over them).
+        taken: int64[K] tokens taken from each cluster since the shares last changed (updated).
+        exposure: int64[K] draws of each cluster so far (updated).
+        quota: int64[K] draws each cluster may still take (updated; a cluster leaves at 0).
+        sizes, starts, members, key: as :func:`pass_stream`.
+        document_tokens: int64[N] tokens of each document.
+        out: int64[B] documents (output).
+
+    Returns:
+        the number of documents written: ``B``, or fewer when a cluster used its last quota (the set of
+        clusters in play changed: the caller renormalises ``weights`` and starts ``taken`` again) or
+        no cluster is left in play (then possibly 0).
+    """
+    k = sizes.size
+    state = np.zeros((k, 4), np.int64)  # per cluster: position, pass, x, step of its next draw
+    pending = np.full(k, -1, np.int64)  # per cluster: its next document
+    for c in range(k):
+        if weights[c] > 0 and quota[c] > 0 and sizes[c] > 0:
+            n = sizes[c]
+            p = exposure[c] // n
+            pos = exposure[c] - p * n
+            x, step = _affine(key, c, p, n, pos)
+            state[c, 0], state[c, 1], state[c, 2], state[c, 3] = pos, p, x, step
+            pending[c] = members[starts[c] + x]
+    total = taken.sum()
+    for j in range(out.size):
+        best = _fair_choice(weights, taken, pending, document_tokens, total)
+        if best < 0:
+            return j
+        d = pending[best]
+        out[j] = d
+        taken[best] += document_tokens[d]
+        total += document_tokens[d]
+        exposure[best] += 1
+        quota[best] -= 1
+        if quota[best] <= 0:
+            return j + 1
+        p, pos, x, step = _advance(key, best, sizes[best], state[best, 1], state[best, 0], state[best, 2],
+                                   state[best, 3])
+        state[best, 0], state[best, 1], state[best, 2], state[best, 3] = pos, p, x, step
+        pending[best] = members[starts[best] + x]
+    return out.size
+
+
+@njit(inline="always", nogil=True)  # inlined: cached within its caller
+def _fair_choice(weights, taken, pending, document_tokens, total):
+    """WF²Q's choice among the clusters with a pending document (``pending[c] >= 0``): the eligible one
+    (``taken[c] <= weights[c] · total``) whose next document finishes first; the most behind should
+    rounding leave none eligible; -1 when no cluster is in play."""
+    best, best_key, fallback, fallback_key = -1, np.inf, -1, np.inf
+    for c in range(weights.size):
+        if pending[c] < 0:
+            continue
+        w = weights[c]
+        ratio = taken[c] / w
+        if ratio < fallback_key:
+            fallback, fallback_key = c, ratio
+        if taken[c] > w * total:
+            continue  # ahead of its share: not eligible
+        finish = (taken[c] + document_tokens[pending[c]]) / w
+        if finish < best_key:
+            best, best_key = c, finish
+    return best if best >= 0 else fallback
+
+
+@_jit
 def _fisher_yates(x, u32, pending, i, js):
     """NumPy's ``Generator.shuffle`` loop (``for i = n-1 .. 1: j = random_interval(i); swap x[i], x[j]``)
     from ``i`` down, on the 32-bit draws ``pending`` (a buffered one, or -1) then ``u32`` (uint32[*]: the
@@ -469,6 +544,8 @@ def warm_up() -> float:
         pass_block(members, 0, 2, 0, key, 0, 3, out, 0)
         pass_stream(np.array([0, 1, 0], np.int64), exposure, sizes, starts, members, key, out)
         grouped_documents(np.array([2, 1], np.int64), exposure, sizes, starts, members, key, out)
+        token_fair_documents(np.array([0.5, 0.5]), np.zeros(2, np.int64), np.zeros(2, np.int64),
+                             np.full(2, 9, np.int64), sizes, starts, members, np.ones(3, np.int64), key, out)
         group_stable(members, np.array([0, 0, 1], np.int32), sizes)
         shuffle_like_numpy(np.random.default_rng(0), members)
     labels = np.array([0, 0, 1], np.int32)

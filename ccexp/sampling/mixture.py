@@ -2,26 +2,40 @@
 "DoReMi: Optimizing Data Mixtures Speeds Up Language Model Pretraining", §2 — learn the domain
 weights with a small proxy run, then train the main model on the proxy's *average* weights).
 
-The cluster of each draw is i.i.d. from the given ``π`` (normalised), drawn per block from a
-generator keyed by ``(seed, block)``; the document is the next of the cluster's passes over a
-permutation — ``temperature``'s machinery with ``π`` given instead of ``n_c^α``. So the stream is a
-deterministic function of the seed and the blocks drawn, and the state is O(K) (exposure, block count,
-the clip's resets).
+**Unit of a weight.** By default (``weight_unit="tokens"``) a weight is the cluster's share of the
+*training tokens*, as ``data.sources`` weights, OLMo-core's and Dolma's mixture ratios, DoReMi's
+published domain weights (over fixed-length sequences) and UniMax's budget are. The clusters are then
+interleaved by weighted fair queueing over their tokens (WF²Q, the rule and proof of
+:mod:`ccexp.sampling.sources` with clusters for sources, :func:`ccexp.sampling.kernels.token_fair_documents`):
+the next document comes from the cluster, among those not ahead of their share, whose next document
+finishes first in the weighted token schedule. **Bound**: after every document, every cluster ``c``
+in play holds ``|x_c − w_c · T| <= L`` tokens (``x_c`` its tokens, ``T`` all tokens, ``L`` the largest
+document of a cluster in play), counted from the last change of the clusters in play (a cluster the
+cap takes out, a reset); the order is deterministic given the documents, and which documents come
+is the seed's (each cluster's passes over a permutation). With ``weight_unit="documents"`` a weight is
+the cluster's probability per *draw* (ccexp before 2026-12-02): the cluster of each draw is i.i.d.
+from ``π`` per block (a generator keyed by ``(seed, block)``), and a cluster of long documents gets
+more tokens than its weight (equal weights of 0.25 gave a cluster of code 72.7 % of the tokens).
 
 The weights (``sampler.weights``) come from a list of K numbers (cluster ids 0..K-1), a mapping
 ``{cluster: weight}`` (clusters it leaves out get 0), a ``.csv`` file (columns ``cluster`` and
 ``weight``, or ``average_weight`` as ccexp writes it), a ``.json`` file (a list or a mapping), or the
-folder of an earlier ccexp run, whose ``tables/clusters.csv`` column ``average_weight`` is what a
-learning policy (``sampler=dynamic``: ODM, DoReMi) learned. A mapping's key is a cluster id when it is
+folder of an earlier ccexp run: its ``tables/clusters.csv`` column ``average_weight``, the token shares
+that run *trained on* (a learning policy's averaged weights; a mixture run's realised shares, which
+differ from its ``given_*`` column where a cap bound), converted to draw probabilities with this run's
+mean document lengths when ``weight_unit="documents"``. A mapping's key is a cluster id when it is
 an integer; a string key is first looked up among ``cluster_names`` (the clustering's names when it
 has them: with ``clusterer=labels`` the sorted label values), then read as an id. A cluster without
 training documents gets weight 0 (a warning names any the weights gave some).
 
-``max_repetitions`` is OLMo-core's max repetition factor: no document is drawn more than M times,
-ClusterClip's :class:`~ccexp.sampling.clip.RepetitionClip` (a cluster leaves after ``M · n_c`` draws;
-the others keep their given proportions). With ``on_exhausted=error`` a token budget above
-``M ·`` the tokens of the clusters with weight is refused up front, and a stream that runs out ends;
-``reset`` starts the repetition counts again. Clusters of weight 0 are never drawn.
+``max_repetitions`` M: no document is drawn more than M times, ClusterClip's
+:class:`~ccexp.sampling.clip.RepetitionClip` (a cluster leaves after ``M · n_c`` draws) — and the
+others are then *re-mixed* in their given proportions, so the realised mix differs from the weights.
+OLMo-core's ``max_repetition_factor`` instead refuses a mixture that would repeat a source more often;
+ccexp warns before training which clusters will be clipped and records the realised shares. With
+``on_exhausted=error`` a token budget above ``M ·`` the tokens of the clusters with weight is refused up
+front, and a stream that runs out ends; ``reset`` starts the repetition counts again. Clusters of
+weight 0 are never drawn.
 
 A clustering of one cluster — the stand-in on which pre-flight (``clusterer=labels``, whose K is not
 known before the corpus is read) and the token-budget check before the embedding build the policy —
@@ -40,6 +54,8 @@ from typing import Any
 import numpy as np
 
 from ccexp.errors import CcexpError
+import ccexp.sampling.kernels as kernels
+from ccexp.sampling.base import document_shares
 from ccexp.sampling.clip import RepetitionClip
 from ccexp.sampling.uniform import UniformSampler
 
@@ -247,33 +263,46 @@ class MixtureSampler(UniformSampler):
             path (str) to a .csv, a .json or an earlier ccexp run's folder; normalised.
         cluster_names: a runtime input, the clustering's K cluster names when it has them (label
             values with ``clusterer=labels``); None for k-means, whose mapping keys must be ids.
-        max_repetitions: M >= 1, the most times a document is drawn (OLMo-core's max repetition
-            factor), or None for no cap.
+        weight_unit: ``"tokens"`` (a weight is the cluster's share of the training tokens) or
+            ``"documents"`` (its probability per draw).
+        max_repetitions: M >= 1, the most times a document is drawn (the other clusters are then
+            re-mixed), or None for no cap.
         on_exhausted: ``"error"`` (a budget above the cap's supply is refused; an exhausted stream
             ends) or ``"reset"`` (the repetition counts start again).
 
     Raises:
         CcexpError: one line for bad weights (naming ``sampler.weights``), M < 1, an unknown
-            ``on_exhausted``, or a token budget the cap cannot supply.
+            ``on_exhausted`` or ``weight_unit``, or a token budget the cap cannot supply.
     """
 
     name = "mixture"
 
     def __init__(self, labels: np.ndarray, sizes: np.ndarray, *, block_size: int = 64, seed: int = 0,
                  document_tokens: np.ndarray | None = None, token_budget: int | None = None, weights: Any = None,
-                 cluster_names: list[str] | None = None, max_repetitions: int | None = None,
-                 on_exhausted: str = "error"):
+                 cluster_names: list[str] | None = None, weight_unit: str = "tokens",
+                 max_repetitions: int | None = None, on_exhausted: str = "error"):
         if weights is None:
             raise CcexpError(f"{_KEY} is required: a list of weights, a mapping {{cluster: weight}}, a .csv or .json "
                              f"file, or the folder of an earlier ccexp run")
         if on_exhausted not in ("error", "reset"):
             raise CcexpError(f"sampler.on_exhausted={on_exhausted!r} is not an option; use 'error' or 'reset'")
+        if weight_unit not in ("tokens", "documents"):
+            raise CcexpError(f"sampler.weight_unit={weight_unit!r} is not an option; use 'tokens' (a weight is the "
+                             f"cluster's share of the training tokens) or 'documents' (its share of the draws)")
         clip = (None if max_repetitions is None else
                 RepetitionClip(np.asarray(sizes), max_repetitions, on_exhausted, setting="sampler.max_repetitions"))
         super().__init__(labels, sizes, block_size=block_size, seed=seed, document_tokens=document_tokens,
                          token_budget=token_budget, clip=clip)
         self.max_repetitions = None if clip is None else clip.threshold
+        self.weight_unit = weight_unit
+        from_run = isinstance(weights, (str, Path)) and Path(weights).expanduser().is_dir()
         self._pi = mixture_weights(weights, self.sizes, cluster_names)
+        if from_run and weight_unit == "documents":  # a run folder holds token shares
+            self._pi = document_shares(self._pi, self.mean_document_tokens())
+        self._tokens = (self.document_tokens if self.document_tokens is not None
+                        else np.ones(self.num_documents, np.int64))
+        self._taken = np.zeros(self.num_clusters, np.int64)  # tokens per cluster since the clusters in play changed
+        self._in_play = self._pi > 0
         if clip is not None:
             self._check_supply()
 
@@ -293,28 +322,32 @@ class MixtureSampler(UniformSampler):
                              f"tokens from the {docs:,} training documents of the clusters with weight; the run needs "
                              f"{self.token_budget:,} tokens; raise sampler.max_repetitions, lower train.steps or "
                              f"train.tokens_per_step, or set sampler.on_exhausted=reset")
-        mean = np.divide(cluster_tokens, self.sizes, out=np.ones(self.num_clusters), where=self.sizes > 0)
-        draws = self.token_budget / float((self._pi * mean).sum())  # expected documents of the run
-        short = np.flatnonzero(self._pi * draws > m * self.sizes)
+        if self.weight_unit == "tokens":
+            short = np.flatnonzero(self._pi * self.token_budget > m * cluster_tokens)
+        else:
+            mean = self.mean_document_tokens()
+            draws = self.token_budget / float((self._pi * mean).sum())  # expected documents of the run
+            short = np.flatnonzero(self._pi * draws > m * self.sizes)
         if short.size:
             log.warning("mixture: at these weights clusters %s need more than sampler.max_repetitions=%d passes; "
                         "they will be clipped and the rest of the run drawn from the others in their proportions",
                         ", ".join(map(str, short[:20])), m)
 
     def weights(self) -> np.ndarray:
-        """float64[K]: the probability of drawing each cluster (the given mix, normalised)."""
+        """float64[K]: the given mix, normalised, in :attr:`weight_unit` (token shares by default)."""
         return self._pi.copy()
 
-    def average_weights(self) -> np.ndarray:
-        """float64[K]: the given mixture (fixed, so its average over training), so that a mixture run's
-        ``tables/clusters.csv`` carries the weights it trained on, as a learning policy's does."""
+    def given_weights(self) -> np.ndarray:
+        """float64[K]: the given mix, normalised, in :attr:`weight_unit`. A run's table writes it beside
+        the realised token shares, which are what a later run reuses (see the module docstring)."""
         return self._pi.copy()
 
     def notes(self) -> list[tuple[int, str]]:
         """The mixture the run trains on (the largest weights first)."""
         order = np.argsort(-self._pi, kind="stable")[:8]
         shown = ", ".join(f"{c}: {self._pi[c]:.3f}" for c in order if self._pi[c] > 0)
-        return [(logging.INFO, f"mixture: cluster weights {shown}{' ...' if self.num_clusters > 8 else ''} "
+        unit = "token shares" if self.weight_unit == "tokens" else "draw probabilities (sampler.weight_unit=documents)"
+        return [(logging.INFO, f"mixture: cluster weights as {unit} {shown}{' ...' if self.num_clusters > 8 else ''} "
                                f"({int(np.count_nonzero(self._pi))} of {self.num_clusters} clusters drawn)")]
 
     def _quota(self, exposure: np.ndarray) -> np.ndarray | None:
@@ -322,8 +355,33 @@ class MixtureSampler(UniformSampler):
         return None if quota is None else np.where(self._pi > 0, quota, 0)  # weight 0: never drawn
 
     def _draw(self, lane: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, _MIXTURE_STREAM, self._blocks])
-        return self._iid_documents(rng, self._pi, self.block_size)
+        if self.weight_unit == "documents":
+            rng = np.random.default_rng([self.seed, _MIXTURE_STREAM, self._blocks])
+            return self._iid_documents(rng, self._pi, self.block_size)
+        return self._token_fair_documents(self.block_size)
+
+    def _token_fair_documents(self, count: int) -> np.ndarray:
+        """int64[c] the next ``count`` documents of the token-share schedule (``c < count`` as in
+        :meth:`_iid_documents`); ``self._exposure`` is advanced."""
+        docs = np.empty(count, np.int64)
+        got = 0
+        big = np.iinfo(np.int64).max // 4
+        while got < count:
+            quota = self._quota(self._exposure)
+            quota = np.where(self._pi > 0, big, 0) if quota is None else np.where(self._pi > 0, quota, 0)
+            in_play = (quota > 0) & (self.sizes > 0)
+            if not in_play.any():
+                if got and self._stops_when_exhausted():
+                    break  # a short last block; the next draw raises
+                self._on_no_active_cluster()  # raises, or resets the clip counters
+                continue
+            if not np.array_equal(in_play, self._in_play):  # the cap took a cluster out, or a reset: re-mix
+                self._in_play, self._taken[:] = in_play, 0
+            w = np.where(in_play, self._pi, 0.0)
+            got += kernels.token_fair_documents(w / w.sum(), self._taken, self._exposure, quota, self.sizes,
+                                                self._starts, self._members, self._tokens, self._pass_key,
+                                                docs[got:])
+        return docs[:got]
 
     def active_clusters(self) -> int:
         quota = self._quota(self._exposure)
@@ -333,7 +391,8 @@ class MixtureSampler(UniformSampler):
         return super().clipped() & (self._pi > 0)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "mixture_weights": self._pi.copy()}
+        return {**super().state_dict(), "mixture_weights": self._pi.copy(), "weight_unit": self.weight_unit,
+                "taken": self._taken.copy(), "in_play": self._in_play.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`.
@@ -344,4 +403,9 @@ class MixtureSampler(UniformSampler):
         saved = state.get("mixture_weights")
         if saved is not None and (len(saved) != self.num_clusters or not np.allclose(saved, self._pi, atol=1e-12)):
             raise CcexpError("sampler state was saved with other sampler.weights; resume with the same weights")
+        if state.get("weight_unit", "documents") != self.weight_unit:
+            raise CcexpError(f"sampler state was saved with sampler.weight_unit={state.get('weight_unit', 'documents')}; "
+                             f"resume with the same unit")
         super().load_state_dict(state)
+        self._taken = np.asarray(state.get("taken", np.zeros(self.num_clusters)), dtype=np.int64).copy()
+        self._in_play = np.asarray(state.get("in_play", self._pi > 0), dtype=bool).copy()

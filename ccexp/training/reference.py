@@ -158,9 +158,9 @@ def proxy_weights(cfg: DictConfig, stages, split: TrainSplit, tokenized: Tokeniz
                   pretrained: str | None = None) -> np.ndarray:
     """DoReMi's step 2 (Xie et al. 2023, Sec. 2 and Alg. 1): a proxy run of ``sampler.proxy_steps`` optimizer steps
     with ``sampler=dynamic rule=doremi`` (its default settings, its own reference run first) on the same
-    documents, model and token budget per step; float64[K], its weights averaged over the steps after its
-    warm-up (:meth:`ccexp.sampling.dynamic.DynamicSampler.average_weights`), which ``sampler=mixture`` then
-    trains on. Cached as ``<cache>/proxy/<fp>``.
+    documents, model and token budget per step; float64[K], its weights averaged over its updates, as token
+    shares (:meth:`ccexp.sampling.dynamic.DynamicSampler.average_weights`; with ``sampler.weight_unit=documents``
+    its averaged draw probabilities), which ``sampler=mixture`` then trains on. Cached as ``<cache>/proxy/<fp>``.
 
     Raises:
         CcexpError: from training (e.g. a non-finite loss).
@@ -178,11 +178,12 @@ def proxy_weights(cfg: DictConfig, stages, split: TrainSplit, tokenized: Tokeniz
         log.info("proxy: training DoReMi's proxy model, %d steps with sampler=dynamic rule=doremi", steps)
         fit = side_fit(proxy, split, tokenized, pretrained, tmp / "run", "proxy", reference_losses=losses)
         weights = fit.stream.sampler.average_weights()
-        np.save(tmp / "weights.npy", weights)
+        np.save(tmp / "weights.npy", weights)  # token shares
+        np.save(tmp / "document_weights.npy", fit.stream.sampler.average_draw_weights())  # draw probabilities
         shutil.rmtree(tmp / "run", ignore_errors=True)  # its checkpoints: the weights are the stage's output
         return {"steps": steps, "clusters": int(weights.size), "weight_min": float(weights.min()),
                 "weight_max": float(weights.max()), "train_seconds": fit.seconds}
 
-    result = stages.cached("proxy", fp, produce, lambda f: f"a {f['steps']}-step DoReMi proxy learned weights "
+    result = stages.cached("proxy", fp, produce, lambda f: f"a {f['steps']}-step DoReMi proxy learned token shares "
                            f"{f['weight_min']:.4f}..{f['weight_max']:.4f} over {f['clusters']} clusters")
-    return np.load(result.path / "weights.npy")
+    return np.load(result.path / ("document_weights.npy" if cfg.sampler.weight_unit == "documents" else "weights.npy"))
