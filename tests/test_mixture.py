@@ -368,6 +368,9 @@ def test_the_config_option_builds_the_sampler_and_preflight_requires_weights():
                                                     "clusterer.k=4"]))
     with pytest.raises(CcexpError, match="sampler.weights is required"):
         preflight._check_missing(config.compose(["sampler=mixture"]))
+    with pytest.raises(CcexpError, match="sampler.weight_unit='bytes' is not an option; use 'tokens'"):  # docs/errors.md
+        preflight._check_components(config.compose(["sampler=mixture", "sampler.weights=[1,1,1,1]",
+                                                    "sampler.weight_unit=bytes"]))
 
 
 @pytest.mark.slow
