@@ -60,6 +60,14 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+def not_utf8_line(name: str, exc: UnicodeDecodeError, kind: str = "UTF-8 text") -> str:
+    """The one line for a file that is not UTF-8 text: ``<name> is not UTF-8 text (byte 0xe9 at offset 29);
+    save it as <kind>`` (``name`` names the setting and the file)."""
+    byte = exc.object[exc.start:exc.start + 1]
+    shown = f"byte 0x{byte[0]:02x}" if byte else "a byte"
+    return f"{name} is not UTF-8 text ({shown} at offset {exc.start}); save it as {kind}"
+
+
 def disk_full_line(exc: BaseException, folder=None) -> str | None:
     """The one line for an error caused by a full disk (or a quota), or None for any other: an ``OSError``
     ENOSPC/EDQUOT anywhere in the exception's chain, SQLite's "database or disk is full", or a failed

@@ -209,8 +209,11 @@ EXPECT = np.array([0.1, 0.2, 0.3, 0.4])
 
 
 def weights_of(source, names=None, sizes=SIZES):
+    """The weights of a mixture over the training documents of a clustering of ``sizes`` (with lengths, as a
+    run's sampler has them; pre-flight's stand-in has none)."""
     labels, sizes = clustered_documents(sizes)
-    return MixtureSampler(labels, sizes, weights=source, cluster_names=names).weights()
+    return MixtureSampler(labels, sizes, weights=source, cluster_names=names,
+                          document_tokens=np.full(labels.size, 7)).weights()
 
 
 def test_weights_from_a_list_and_mappings_by_id_or_name():

@@ -66,8 +66,9 @@ def source_weights(sources: Sequence[Any]) -> np.ndarray | None:
         w = np.array([float(x) for x in given], dtype=np.float64)
     except (TypeError, ValueError):
         raise CcexpError(f"data.sources weights {given} must be numbers") from None
-    if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+    if not np.isfinite(w).all() or (w < 0).any() or w.max() <= 0:
         raise CcexpError(f"data.sources weights {given} must be finite, >= 0 and not all 0")
+    w = w / w.max()  # the largest first: weights whose sum overflows (1e308 each) still normalise
     return w / w.sum()
 
 

@@ -211,6 +211,14 @@ class Sampler(ABC):
         return out
 
 
+def normalised(weights: np.ndarray) -> np.ndarray:
+    """float64[K]: finite weights ``>= 0`` with a positive one, scaled to sum 1 — divided by the largest
+    first, so weights whose sum overflows a float (``[1e308, 1e308]``) still give ``[0.5, 0.5]``."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.max()
+    return w / w.sum()
+
+
 def token_shares(document_weights: np.ndarray, mean_tokens: np.ndarray) -> np.ndarray:
     """float64[K]: the expected share of tokens of each cluster when documents are drawn with cluster
     probabilities ``document_weights`` (float[K]) from clusters whose documents hold ``mean_tokens``

@@ -54,7 +54,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ccexp.errors import CcexpError
+from ccexp.errors import CcexpError, not_utf8_line
 from ccexp.sampling.base import token_shares
 from ccexp.sampling.clip import RepetitionClip
 from ccexp.sampling.uniform import UniformSampler
@@ -83,7 +83,10 @@ def load_reference_losses(source: str | Sequence[float] | None, num_clusters: in
             if not path.is_file():
                 what = "is a folder" if path.is_dir() else "does not exist"
                 raise CcexpError(f"{name} {what}; give a .npy or .json file with one loss per cluster")
-            raw = np.load(path, allow_pickle=False) if path.suffix == ".npy" else json.loads(path.read_text())
+            try:
+                raw = np.load(path, allow_pickle=False) if path.suffix == ".npy" else json.loads(path.read_text())
+            except UnicodeDecodeError as e:
+                raise CcexpError(not_utf8_line(name, e, "a UTF-8 JSON list")) from None
         else:
             raw = list(source)
         values = np.asarray(raw, dtype=np.float64)

@@ -44,6 +44,7 @@ has the one possible mix ``[1]``: there the weights' values are checked, not the
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -53,9 +54,9 @@ from typing import Any
 
 import numpy as np
 
-from ccexp.errors import CcexpError
+from ccexp.errors import CcexpError, not_utf8_line
 import ccexp.sampling.kernels as kernels
-from ccexp.sampling.base import document_shares
+from ccexp.sampling.base import document_shares, normalised
 from ccexp.sampling.clip import RepetitionClip
 from ccexp.sampling.uniform import UniformSampler
 
@@ -80,14 +81,23 @@ def _number(value: Any, where: str) -> float:
     return x
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> dict[str, str]:
-    """{cluster: weight} (as strings) from ``path``'s ``cluster`` column and the first of ``columns`` it has."""
-    try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            rows, header = list(reader), list(reader.fieldnames or [])
+def _csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """(header, rows) of the CSV file ``path``, or a one-line CcexpError (unreadable, not UTF-8, binary)."""
+    try:  # decoded whole, so an error's offset is the file's; a byte-order mark (Excel's UTF-8 CSV) is no error
+        reader = csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8-sig"), newline=""))
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
     except OSError as e:
         raise CcexpError(f"{_KEY}={str(path)!r} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise CcexpError(not_utf8_line(f"{_KEY}={str(path)!r}", e, "UTF-8 CSV")) from None
+    except csv.Error as e:  # a NUL byte: a binary file named .csv
+        raise CcexpError(f"{_KEY}={str(path)!r} is not a CSV text file ({e}); save it as UTF-8 CSV") from None
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> dict[str, str]:
+    """{cluster: weight} (as strings) from ``path``'s ``cluster`` column and the first of ``columns`` it has."""
+    header, rows = _csv_rows(path)
     column = next((c for c in columns if c in header), None)
     if "cluster" not in header or column is None:
         raise CcexpError(f"{_KEY}={str(path)!r} needs a 'cluster' column and a {' or '.join(map(repr, columns))} "
@@ -107,8 +117,7 @@ def _run_weights(folder: Path) -> dict[int, str]:
     if not table.is_file():
         raise CcexpError(f"{_KEY}={str(folder)!r} is a folder without tables/clusters.csv; give the folder of an "
                          f"earlier ccexp run (outputs/runs/<date>/<run id>), a .csv or .json file, or a list")
-    with open(table, newline="") as f:
-        header = next(csv.reader(f), [])
+    header, _ = _csv_rows(table)
     if "average_weight" not in header:
         name = ""
         try:
@@ -153,7 +162,9 @@ def _load(source: str | Path) -> Any:
         return _read_csv(path, ("weight", "average_weight"))
     if path.suffix.lower() == ".json":
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
+        except UnicodeDecodeError as e:
+            raise CcexpError(not_utf8_line(f"{_KEY}={str(source)!r}", e, "UTF-8 JSON")) from None
         except (OSError, ValueError) as e:
             raise CcexpError(f"{_KEY}={str(source)!r} is not readable JSON: {str(e).splitlines()[0]}") from None
         if not isinstance(data, (list, dict)):
@@ -204,8 +215,6 @@ def mixture_weights(weights: Any, sizes: np.ndarray, cluster_names: list[str] | 
         if len(cluster_names) != k:
             raise CcexpError(f"sampler: {len(cluster_names)} cluster names for {k} clusters")
     if isinstance(weights, (str, Path)):
-        if k > 1 and Path(weights).expanduser().is_dir():
-            _warn_if_other_clusters(Path(weights).expanduser(), sizes)
         weights = _load(weights)
     if isinstance(weights, np.ndarray):
         weights = weights.tolist()
@@ -239,17 +248,18 @@ def mixture_weights(weights: Any, sizes: np.ndarray, cluster_names: list[str] | 
 
 def _check_total(w: np.ndarray, sizes: np.ndarray, names: list[str] | None = None) -> np.ndarray:
     """Zero the weight of empty clusters (warning when some was given) and normalise."""
-    if w.size == 0 or not w.sum() > 0:
+    if w.size == 0 or not w.max() > 0:
         raise CcexpError(f"{_KEY}: every weight is 0; give at least one cluster a positive weight")
     empty = (sizes == 0) & (w > 0)
     if empty.any():
         which = ", ".join((names[c] if names else str(c)) for c in np.flatnonzero(empty)[:20])
-        if not (w * (sizes > 0)).sum() > 0:
+        if not (w * (sizes > 0)).max() > 0:
             raise CcexpError(f"{_KEY}: all the weight is on clusters without training documents ({which})")
-        log.warning("mixture: clusters %s have no training documents; their weight (%.3g of %.3g) is dropped",
-                    which, float(w[empty].sum()), float(w.sum()))
+        dropped = normalised(w)[empty].sum()
+        log.warning("mixture: clusters %s have no training documents; their weight (%.3g of the total) is dropped",
+                    which, float(dropped))
         w = np.where(sizes > 0, w, 0.0)
-    return w / w.sum()
+    return normalised(w)
 
 
 class MixtureSampler(UniformSampler):
@@ -297,6 +307,10 @@ class MixtureSampler(UniformSampler):
         self.weight_unit = weight_unit
         from_run = isinstance(weights, (str, Path)) and Path(weights).expanduser().is_dir()
         self._pi = mixture_weights(weights, self.sizes, cluster_names)
+        if from_run and self.document_tokens is not None and self.num_clusters > 1:
+            # only a sampler over the real training documents (they have lengths) compares clusterings: pre-flight's
+            # stand-in (one document per cluster, no lengths) would call every run folder another clustering
+            _warn_if_other_clusters(Path(weights).expanduser(), self.sizes)
         if from_run and weight_unit == "documents":  # a run folder holds token shares
             self._pi = document_shares(self._pi, self.mean_document_tokens())
         self._tokens = (self.document_tokens if self.document_tokens is not None
@@ -377,8 +391,7 @@ class MixtureSampler(UniformSampler):
                 continue
             if not np.array_equal(in_play, self._in_play):  # the cap took a cluster out, or a reset: re-mix
                 self._in_play, self._taken[:] = in_play, 0
-            w = np.where(in_play, self._pi, 0.0)
-            got += kernels.token_fair_documents(w / w.sum(), self._taken, self._exposure, quota, self.sizes,
+            got += kernels.token_fair_documents(normalised(np.where(in_play, self._pi, 0.0)), self._taken, self._exposure, quota, self.sizes,
                                                 self._starts, self._members, self._tokens, self._pass_key,
                                                 docs[got:])
         return docs[:got]

@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 
 from ccexp.errors import CcexpError
-from ccexp.sampling.base import Sampler
+from ccexp.sampling.base import Sampler, normalised
 from ccexp.sampling.permutation import derive_keys
 
 _SOURCE_STREAM = 0x53524345  # "SRCE"
@@ -94,9 +94,9 @@ def normalise_source_weights(weights: Sequence[float] | np.ndarray) -> np.ndarra
         raise CcexpError(f"{_KEY}: source weights must be finite numbers >= 0, got {w.tolist()}")
     if (w < 0).any():
         raise CcexpError(f"{_KEY}: source weights must be >= 0, got {w.tolist()}")
-    if not w.sum() > 0:
+    if not w.max() > 0:
         raise CcexpError(f"{_KEY}: every source weight is 0; give at least one source a positive weight")
-    return w / w.sum()
+    return normalised(w)
 
 
 class SourceMixture(Sampler):
