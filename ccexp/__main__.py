@@ -29,7 +29,7 @@ register()
 def main(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
-    from ccexp.errors import Interrupted
+    from ccexp.errors import Interrupted, StoppedEarly
     from ccexp.tracking.sweep import write_job_status
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -50,6 +50,12 @@ def main(cfg: DictConfig) -> float:
         if multirun:
             write_job_status(job_dir, "KILLED", str(e), overrides)
         raise
+    except StoppedEarly as e:  # this job's own callback stopped it: incomplete, and the next job still runs
+        if not multirun:
+            raise
+        log.warning("ccexp: %s", e)
+        write_job_status(job_dir, "KILLED", str(e), overrides)
+        return float("nan")
     except Exception as e:
         message = user_message(e, cfg.paths.outputs)
         if not multirun:
@@ -190,7 +196,7 @@ def cli() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ccexp.errors import Interrupted, Refused
+    from ccexp.errors import Interrupted, Refused, StoppedEarly
     from ccexp.tracking.sweep import LAST_SWEEP_FAILURES, close_active_sweep
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we print user errors as one line
@@ -210,6 +216,9 @@ def cli() -> None:
         print(f"ccexp: {stop}" + ("" if "checkpoint" in str(stop) else "; finished stages stay cached, unfinished ones "
                                   "were discarded"), file=sys.stderr)
         sys.exit(stop.exit_code)
+    except StoppedEarly as e:
+        print(f"ccexp: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except (CcexpError, Refused) as e:
         close_active_sweep("FAILED")
         fail(str(e))

@@ -689,9 +689,9 @@ class PlanConfig:
     source: str = "corpus"  # corpus (this config's own cached stages) | synthetic (the numbers below)
     clusters: int = ge(1, 10000)  # synthetic: K
     documents: int = ge(1, 1_000_000)  # synthetic: N
-    zipf: float = 1.0  # synthetic: n_c ∝ c^-zipf
-    mean_tokens: float = 500.0  # synthetic: mean document length (log-normal)
-    sigma: float = 1.0  # synthetic: log-space spread of the lengths
+    zipf: float = ge(0, 1.0)  # synthetic: n_c ∝ c^-zipf (0: equal sizes)
+    mean_tokens: float = ge(1, 500.0)  # synthetic: mean document length (log-normal), tokens
+    sigma: float = ge(0, 1.0)  # synthetic: log-space spread of the lengths (0: every document mean_tokens long)
     record_every: int = ge(1, 100)  # steps between points of the mix-over-time curves (at most steps/20)
 
 

@@ -29,6 +29,22 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+class StoppedEarly(BaseException):
+    """Training ended before its budget because a callback stopped it (``callbacks=timer``, early stopping,
+    any callback that sets ``trainer.should_stop``): the run is *incomplete* — its metrics are those of the
+    step reached, its MLflow run is KILLED (never FINISHED), a sweep does not keep it as done, and its
+    resume continues to the end. The CLI prints the message as one line and exits with status 75
+    (``EX_TEMPFAIL``: not done, run again to continue)."""
+
+    exit_code = 75
+
+    def __init__(self, step: int, steps: int, checkpoint: str, by: str):
+        self.step, self.steps = int(step), int(steps)
+        super().__init__(f"stopped by {by} after step {step} of {steps}, before the run's budget: the run is not "
+                         f"complete (its metrics are of step {step}); continue it with train.resume_from={checkpoint} "
+                         "(or train.resume_from=last)")
+
+
 class Refused(BaseException):
     """A :class:`CcexpError` raised where a framework would swallow an ``Exception`` (Hydra catches
     what its callbacks raise): the CLI prints it as one line and exits with status 2."""

@@ -66,13 +66,13 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
             return {}
         result = evaluate(cfg.eval, fit.model, tokenized, split, corpus, run_dir, average=fit.average)
         files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, split.train_docs)
-        step = cfg.train.steps  # the metrics' step: the run's last
+        step = fit.steps  # the metrics' step: the last trained (train.steps unless a callback stopped it early)
         record.log_stages(stage.results, stage.cluster_report(), step, stage.curation_report())
-        record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(),
-                            "time/eval_seconds": result.seconds,
-                            "time/total_seconds": time.perf_counter() - t_start}, step)
+        timing = {"time/eval_seconds": result.seconds, "time/total_seconds": time.perf_counter() - t_start}
+        record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(), **timing}, step)
         for path, folder in files:
             record.log_artifacts([path], folder)
+        fit.raise_if_stopped_early(cfg.train.steps)  # incomplete: KILLED, not FINISHED; a resume continues it
         record.finish({**{f"eval_error/{part}": msg for part, msg in result.errors.items()},
                        "stream_digest": fit.stream.digest})
     log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s", record.name,

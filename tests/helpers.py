@@ -42,3 +42,23 @@ def source_mixture_factory(inner, weights=(0.6, 0.0, 0.4), **inner_kw):
 
     make.__name__ = f"SourceMixture[{getattr(inner, '__name__', inner)}]"
     return make
+
+
+class StopAfterSteps:
+    """A Lightning callback that stops training after ``steps`` optimizer steps *of this launch* (so each
+    resume goes ``steps`` further): the deterministic stand-in for a wall-clock timer in tests."""
+
+    def __new__(cls, steps: int):
+        from lightning.pytorch.callbacks import Callback
+
+        class _Stop(Callback):
+            def __init__(self):
+                self.left = int(steps)
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                if bool(batch["last_micro"]):
+                    self.left -= 1
+                    if self.left <= 0:
+                        trainer.should_stop = True
+
+        return _Stop()

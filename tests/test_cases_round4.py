@@ -115,3 +115,114 @@ def test_c31_only_the_real_clustering_is_compared_with_a_run_folders(tmp_path, c
     labels, sizes = clustered_documents([40, 30, 21, 9])
     MixtureSampler(labels, sizes, weights=str(folder), document_tokens=np.full(labels.size, 9))
     assert "2 of the 4 clusters of" in caplog.text and "another corpus or clustering" in caplog.text
+
+
+# -- c23: a run a callback stops early is not complete ------------------------------------------------
+@pytest.mark.slow
+def test_c23_a_run_the_timer_stops_is_incomplete_with_one_line_and_its_metrics_at_the_step_reached(tmp_path):
+    """``callbacks=timer`` stops a 300-step run after a second: one line naming the step reached and how to
+    continue, exit 75, the MLflow run KILLED (tagged incomplete) with its held-out metrics at the step reached."""
+    from test_cases import runs
+
+    proc = ccexp(tmp_path, CORPUS, "train.steps=300", "sampler=random", "callbacks=timer",
+                 "callbacks.timer.duration=00:00:00:01")
+    line = one_line(proc, 75)
+    step = int(re.search(r"stopped by callbacks.LaunchTimer after step (\d+) of 300", line).group(1))
+    assert 0 < step < 300 and "train.resume_from=" in line and "not complete" in line
+    client, (run,) = runs(tmp_path / "out")
+    assert run.info.status == "KILLED" and run.data.tags["incomplete"] == f"step {step} of 300"
+    assert client.get_metric_history(run.info.run_id, "eval/ppl")[-1].step == step
+
+
+def test_c23_the_timer_budget_is_per_launch():
+    """A resumed run gets the timer's whole duration again (Lightning's Timer restored the elapsed time, so a
+    run it stopped could never continue)."""
+    from ccexp.training.callbacks import LaunchTimer
+
+    timer = LaunchTimer(duration="00:00:01:00", interval="step")
+    timer.load_state_dict({"time_elapsed": {"train": 3600.0, "sanity_check": 0.0, "validate": 0.0, "test": 0.0,
+                                            "predict": 0.0}})
+    assert timer.time_remaining("train") == pytest.approx(60.0, abs=1.0)
+
+
+@pytest.mark.slow
+def test_c23_a_run_stopped_by_a_callback_resumes_to_the_end_as_an_uninterrupted_run(tmp_path, monkeypatch):
+    """A callback that stops training after 7 steps of every launch (``helpers.StopAfterSteps``, the timer's
+    deterministic stand-in): each launch exits 75 further along, the same command with ``train.resume_from=last``
+    continues the same MLflow run, and the last launch ends FINISHED at step 20 with exactly the held-out metrics
+    of a run that was never stopped."""
+    from conftest import ROOT
+    from test_cases import runs
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))  # the jobs import helpers.StopAfterSteps
+    (tmp_path / "whole").mkdir()
+    whole = ccexp(tmp_path / "whole", CORPUS, "sampler=random")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stop = ["sampler=random", "+callbacks.stop._target_=helpers.StopAfterSteps", "+callbacks.stop.steps=7"]
+    reached = []
+    for launch in range(4):
+        proc = ccexp(tmp_path, CORPUS, *stop, *(["train.resume_from=last"] if launch else []))
+        if proc.returncode == 0:
+            break
+        reached.append(int(re.search(r"stopped by a callback after step (\d+) of 20", one_line(proc, 75)).group(1)))
+    assert proc.returncode == 0 and reached == [7, 14], (reached, proc.stderr[-2000:])
+    client, (run,) = runs(tmp_path / "out")  # one MLflow run, continued by each launch
+    _, (ref,) = runs(tmp_path / "whole" / "out")
+    assert run.info.status == "FINISHED" and run.data.tags["resumed"] == "2"
+    assert client.get_metric_history(run.info.run_id, "eval/ppl")[-1].step == 20
+    for key in ("eval/ppl", "eval/ppl_macro", "train/tokens"):
+        assert run.data.metrics[key] == ref.data.metrics[key], key
+
+
+# -- c30: debug=overfit resumes on the same repeated batch -------------------------------------------
+@pytest.mark.slow
+def test_c30_an_overfit_run_resumed_from_its_step_10_checkpoint_ends_as_the_uninterrupted_run(tmp_path):
+    """``debug=overfit`` repeats one micro-batch; a run resumed from its step-10 checkpoint must repeat the
+    same one (step 1's, saved in the checkpoint), so its steps 11-20 and its held-out metrics equal the run that
+    was never stopped (it repeated step 11's batch before)."""
+    from test_cases import runs
+
+    args = ["debug=overfit", "train.steps=20", "train.checkpoint_every_n_steps=10"]
+    (tmp_path / "a").mkdir()
+    whole = ccexp(tmp_path / "a", CORPUS, *args)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (ckpt,) = (tmp_path / "a" / "out").glob("runs/*/*/checkpoints/step-10.ckpt")
+    (tmp_path / "b").mkdir()
+    resumed = ccexp(tmp_path / "b", CORPUS, *args, f"train.resume_from={ckpt}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    client_a, (a,) = runs(tmp_path / "a" / "out")
+    client_b, (b,) = runs(tmp_path / "b" / "out")
+    for key in ("eval/ppl", "eval/ppl_macro"):
+        assert a.data.metrics[key] == b.data.metrics[key], key
+    loss = {m.step: m.value for m in client_a.get_metric_history(a.info.run_id, "train/loss")}
+    again = {m.step: m.value for m in client_b.get_metric_history(b.info.run_id, "train/loss")}
+    assert again and all(loss[s] == v for s, v in again.items()), (loss, again)
+
+
+# -- c26: synthetic plans for every K <= N, one line for a bad spread --------------------------------
+@pytest.mark.parametrize("k,n", [(50, 60), (10_000, 20_000), (7, 7), (1, 1), (3, 1000)])
+def test_c26_synthetic_sizes_are_positive_and_sum_to_n_for_every_k_up_to_n(k, n):
+    from ccexp.data.simulate import synthetic_corpus
+
+    labels, sizes, lengths = synthetic_corpus(k, n, zipf=1.0)
+    assert sizes.size == k and sizes.min() >= 1 and sizes.sum() == n == labels.size == lengths.size
+    assert np.all(np.diff(sizes) <= 1)  # still Zipf-ordered (up to one document of rounding)
+
+
+def test_c26_a_plan_near_k_equals_n_runs_and_a_negative_spread_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    base = [sys.executable, "-m", "ccexp.plan", "plan.source=synthetic", "train.steps=10", "train.tokens_per_step=512",
+            "train.seq_len=64", "train.micro_batch_size=8", "sampler=random", "logger=none",
+            f"paths.outputs={tmp_path}"]
+    ok = subprocess.run([*base, "plan.clusters=50", "plan.documents=60"], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and "Traceback" not in ok.stderr, ok.stderr[-2000:]
+    for setting, line in [("plan.sigma=-1", "plan.sigma=-1.0 is out of range; it must be >= 0"),
+                          ("plan.zipf=-0.5", "plan.zipf=-0.5 is out of range; it must be >= 0"),
+                          ("plan.mean_tokens=0", "plan.mean_tokens=0.0 is out of range; it must be >= 1")]:
+        bad = subprocess.run([*base, "plan.clusters=10", "plan.documents=1000", setting], capture_output=True,
+                             text=True, cwd=ROOT)
+        assert one_line(bad, 2) == f"ccexp: error: {line}"

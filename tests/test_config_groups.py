@@ -49,7 +49,7 @@ def test_every_option_composes_and_each_target_is_built(group, option, tmp_path)
             cfg.trainer.profiler.dirpath = str(tmp_path / "run")
     built = {key: build(node, key) for key, node in targets(cfg) if key.startswith(("callbacks.", "logger.", "trainer."))}
     expected = {("callbacks", "none"): set(), ("callbacks", "lr_monitor"): {"LearningRateMonitor"},
-                ("callbacks", "device_stats"): {"DeviceStatsMonitor"}, ("callbacks", "timer"): {"Timer"},
+                ("callbacks", "device_stats"): {"DeviceStatsMonitor"}, ("callbacks", "timer"): {"LaunchTimer"},
                 ("logger", "mlflow"): set(), ("logger", "none"): set(), ("logger", "tensorboard"): {"TensorBoardLogger"},
                 ("debug", "tiny"): set(), ("debug", "overfit"): {"RepeatFirstBatch"},
                 ("debug", "profiler"): {"SimpleProfiler"}}[group, option]

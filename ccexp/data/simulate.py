@@ -113,15 +113,31 @@ def simulate(sampler: Sampler, lengths: np.ndarray, *, steps: int, tokens_per_st
 
 def synthetic_corpus(num_clusters: int, num_documents: int, *, zipf: float = 1.0, mean_tokens: float = 500.0,
                      sigma: float = 1.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Zipf-sized clusters (``n_c ∝ c^-zipf``, every cluster at least one document) with log-normal
-    document lengths (mean ``mean_tokens``, log-space spread ``sigma``, at least 1 token).
+    """Zipf-sized clusters (``n_c ∝ c^-zipf``, every cluster at least one document, summing to N) with
+    log-normal document lengths (mean ``mean_tokens``, log-space spread ``sigma``, at least 1 token).
+    When K is close to N, so that giving every small cluster its one document would exceed N, each cluster
+    gets one document and the other ``N - K`` are shared by the Zipf shares (largest remainders).
+
+    Raises:
+        ValueError: for ``K < 1``, ``N < K``, ``zipf < 0``, ``mean_tokens < 1`` or ``sigma < 0`` (pre-flight
+            refuses these in one line first).
 
     Returns:
         labels int32[N] (grouped by cluster), sizes int64[K], lengths int64[N] (tokens per document).
     """
+    if not (1 <= num_clusters <= num_documents and zipf >= 0 and mean_tokens >= 1 and sigma >= 0):
+        raise ValueError(f"synthetic corpus: need 1 <= K <= N, zipf >= 0, mean_tokens >= 1, sigma >= 0; got K="
+                         f"{num_clusters}, N={num_documents}, zipf={zipf}, mean_tokens={mean_tokens}, sigma={sigma}")
     share = 1.0 / np.arange(1, num_clusters + 1, dtype=np.float64) ** zipf
-    sizes = np.maximum(1, np.floor(share / share.sum() * num_documents)).astype(np.int64)
-    sizes[0] += num_documents - int(sizes.sum())  # the largest cluster absorbs the rounding
+    share /= share.sum()
+    sizes = np.maximum(1, np.floor(share * num_documents)).astype(np.int64)
+    if sizes.sum() <= num_documents:
+        sizes[0] += num_documents - int(sizes.sum())  # the largest cluster absorbs the rounding
+    else:  # one document each, the rest by the shares, largest remainders first
+        rest = share * (num_documents - num_clusters)
+        sizes = 1 + np.floor(rest).astype(np.int64)
+        short = num_documents - int(sizes.sum())
+        sizes[np.argsort(-(rest - np.floor(rest)), kind="stable")[:short]] += 1
     labels = np.repeat(np.arange(num_clusters, dtype=np.int32), sizes)
     rng = np.random.default_rng(seed)
     mu = np.log(mean_tokens) - sigma**2 / 2  # so the mean is mean_tokens

@@ -231,11 +231,14 @@ class RunRecord:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and self.logger is not None:
-            from ccexp.errors import Interrupted
+            from ccexp.errors import Interrupted, StoppedEarly
 
             # Lightning marks the run FINISHED or FAILED after fit; what happened afterwards must show
-            self.client.set_terminated(self.logger.run_id, "KILLED" if issubclass(exc_type, Interrupted) else "FAILED")
-            if exc is not None and not issubclass(exc_type, Interrupted):
+            stopped = issubclass(exc_type, (Interrupted, StoppedEarly))  # incomplete, resumable: KILLED
+            if issubclass(exc_type, StoppedEarly):
+                self.client.set_tag(self.logger.run_id, "incomplete", f"step {exc.step} of {exc.steps}")
+            self.client.set_terminated(self.logger.run_id, "KILLED" if stopped else "FAILED")
+            if exc is not None and not stopped:
                 self.client.set_tag(self.logger.run_id, "error", str(exc).splitlines()[0][:5000] if str(exc) else
                                     exc_type.__name__)
         return False

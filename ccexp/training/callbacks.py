@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Timer
 
 from ccexp.sampling import Sampler
 
@@ -191,6 +191,59 @@ class WeightAverage(Callback):
             self.average.load_state_dict(state_dict["average"])
 
 
+class StoppedByCallback(BaseException):
+    """Raised by :class:`StopAtStepEnd` out of ``trainer.fit`` once the checkpoint of an early stop is saved
+    (the runner catches it): letting Lightning end the epoch instead would save ``last.ckpt`` again with a
+    finished loop, from which no resume continues."""
+
+
+class StopAtStepEnd(Callback):
+    """Let a callback that stops training (``trainer.should_stop``: Lightning's Timer, EarlyStopping) stop only
+    at the end of an optimizer step, never mid-accumulation, and — when that is before ``steps`` — save the full
+    state to ``path`` right there, mid-epoch (as :class:`StopOnSignal` does), then leave ``fit`` by
+    :class:`StoppedByCallback`, so that a resume continues on exactly the tokens of an uninterrupted run.
+    Remembers which callback asked (:attr:`by`) and the step (:attr:`stopped_at`). Put it after the callbacks
+    it watches."""
+
+    def __init__(self, path: Path, steps: int):
+        self.path, self.steps = Path(path), int(steps)
+        self.by: str | None = None
+        self.stopped_at: int | None = None
+        self._pending = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not (trainer.should_stop or self._pending):
+            return
+        if trainer.should_stop and self.by is None:
+            self.by = next((f"callbacks.{type(c).__name__}" for c in trainer.callbacks
+                            if getattr(c, "_ccexp_stopped", False)), "a callback")
+        if not bool(batch["last_micro"]):
+            self._pending, trainer.should_stop = True, False  # finish the optimizer step first
+            return
+        trainer.should_stop, self._pending = True, False
+        if trainer.global_step < self.steps and self.stopped_at is None:
+            trainer.save_checkpoint(self.path, weights_only=False)  # the full state, to resume from
+            self.stopped_at = int(trainer.global_step)
+            raise StoppedByCallback()
+
+
+class LaunchTimer(Timer):
+    """Lightning's :class:`~lightning.pytorch.callbacks.Timer` whose budget is per *launch*: a resumed run gets
+    the whole ``duration`` again (Lightning restores the elapsed time from the checkpoint, so a run the timer
+    stopped could never continue). Marks itself when it stops training (:class:`StopAtStepEnd` names it)."""
+
+    _ccexp_stopped = False
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Ignore the saved elapsed time: this launch's budget starts now."""
+
+    def on_train_batch_end(self, trainer, *args, **kwargs) -> None:
+        was = trainer.should_stop
+        super().on_train_batch_end(trainer, *args, **kwargs)
+        if trainer.should_stop and not was:
+            self._ccexp_stopped = True
+
+
 class StopOnSignal(Callback):
     """Stop on SIGTERM (Slurm, Kubernetes) or SIGINT (Ctrl-C) at the end of the current optimizer step,
     never mid-accumulation: the signal only sets a flag; at the step's last micro-batch the ranks agree
@@ -299,10 +352,20 @@ _OWN_KEYS = ("step", "micro", "last_micro", "rows")  # what places a micro-batch
 class RepeatFirstBatch(Callback):
     """``debug=overfit``: every micro-batch trains on the first micro-batch's tokens (copied into it in place
     before the training step; its step and micro-batch counters stay its own), so the training loss shows
-    whether the model can fit one batch. The stream still draws its documents; only what is trained changes."""
+    whether the model can fit one batch. The stream still draws its documents; only what is trained changes.
+    The repeated micro-batch is part of the checkpoint (:meth:`state_dict`), so a resumed run repeats the same
+    one, not the first micro-batch after the resume."""
 
     def __init__(self) -> None:
         self.first: dict[str, torch.Tensor] | None = None
+
+    def state_dict(self) -> dict:
+        return {"first": self.first}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Repeat the micro-batch the interrupted run repeated (``None``: it had not trained a step yet)."""
+        first = state_dict.get("first")
+        self.first = None if first is None else {k: v.detach().clone() for k, v in first.items()}
 
     def on_train_batch_start(self, trainer, pl_module, batch: dict, batch_idx: int) -> None:
         tensors = {k: v for k, v in batch.items() if torch.is_tensor(v) and k not in _OWN_KEYS}

@@ -6,6 +6,7 @@ steps of ``train.tokens_per_step`` tokens and returns a :class:`FitResult`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -25,8 +26,8 @@ from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.names import safe_names
 from ccexp.sampling import Sampler
-from ccexp.training.callbacks import (BatchRecorder, HeldoutCurve, ProgressLog, SamplerTelemetry, StopOnSignal,
-                                      WeightAverage)
+from ccexp.training.callbacks import (BatchRecorder, HeldoutCurve, ProgressLog, SamplerTelemetry, StopAtStepEnd,
+                                      StoppedByCallback, StopOnSignal, WeightAverage)
 from ccexp.training.data import SamplerDataModule
 from ccexp.training.extras import build_callbacks
 from ccexp.training.module import CausalLMModule
@@ -218,6 +219,20 @@ class FitResult:
     group_names: list[str] | None = None  # its values, by group id
     group_ids: np.ndarray | None = None  # int64[N] each corpus document's group id
     average: torch.nn.Module | None = None  # the averaged weights (eval.average), None when off
+    steps: int = 0  # optimizer steps reached (train.steps unless a callback stopped training early)
+    stopped_by: str | None = None  # the callback that stopped training before train.steps, if one did
+    checkpoint: str | None = None  # where the state of a run stopped early is saved, to resume from
+
+    def raise_if_stopped_early(self, steps: int) -> None:
+        """Raise :class:`~ccexp.errors.StoppedEarly` when a callback stopped training before ``steps``.
+
+        Raises:
+            StoppedEarly: naming the step reached and the checkpoint to resume from.
+        """
+        if self.stopped_by is not None:
+            from ccexp.errors import StoppedEarly
+
+            raise StoppedEarly(self.steps, steps, self.checkpoint, self.stopped_by)
 
     def metrics(self) -> dict[str, float]:
         """``train/*`` and ``data/*`` figures of the run."""
@@ -334,9 +349,13 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
                  StopOnSignal(run_dir / "checkpoints" / "last.ckpt"), average,
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
     callbacks += build_callbacks(cfg.get("callbacks"))  # the callbacks group (lr_monitor, debug=overfit, ...)
+    # after them: a callback that stops training does so at an optimizer step's end, with a checkpoint
+    boundary = StopAtStepEnd(run_dir / "checkpoints" / "last.ckpt", int(cfg.train.steps))
     loggers = list(loggers or [])  # the run record's: MLflow first, then logger.loggers (TensorBoard)
-    trainer = build_trainer(cfg, run_dir, loggers, [c for c in callbacks if c is not None], model)
-    trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
+    trainer = build_trainer(cfg, run_dir, loggers, [c for c in callbacks + [boundary] if c is not None], model)
+    with contextlib.suppress(StoppedByCallback):  # its checkpoint is saved; the model at that step is evaluated
+        trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
+    early = _stopped_early(trainer, boundary, int(cfg.train.steps))
     from lightning.pytorch.strategies import FSDPStrategy
 
     from ccexp.training.distributed import gather_full_model
@@ -351,4 +370,17 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
             average.setup(trainer, module, "fit")
             average.load_state_dict(state["callbacks"][average.state_key])
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
-                     group_field, group_names, groups, None if average is None else average.model)
+                     group_field, group_names, groups, None if average is None else average.model,
+                     steps=int(trainer.global_step), **early)
+
+
+def _stopped_early(trainer, boundary: StopAtStepEnd, steps: int) -> dict:
+    """``{stopped_by, checkpoint}`` when a callback ended training before ``steps`` optimizer steps (the
+    checkpoint :class:`~ccexp.training.callbacks.StopAtStepEnd` saved), ``{}`` for a complete run."""
+    if trainer.global_step >= steps:
+        return {}
+    by = boundary.by or "a callback"
+    log.warning("train: %s stopped training after step %d of %d; the run is incomplete", by, trainer.global_step, steps)
+    if boundary.stopped_at is None:  # stopped outside a training batch: the state as it is
+        trainer.save_checkpoint(boundary.path, weights_only=False)
+    return {"stopped_by": by, "checkpoint": str(boundary.path)}
