@@ -77,7 +77,7 @@ class StageStore:
     def is_done(self, stage: str, fp: str) -> bool:
         return (self.path(stage, fp) / DONE).is_file()
 
-    def wait(self, stage: str, fp: str, poll_s: float = 5.0, until=None) -> None:
+    def wait(self, stage: str, fp: str, poll_s: float = 1.0, until=None) -> None:
         """Block until ``<stage>/<fp>`` is published (by rank 0 or another run) — or, with ``until`` (a
         path), until that file exists first."""
         while not self.is_done(stage, fp) and not (until is not None and Path(until).is_file()):

@@ -129,6 +129,24 @@ def run_id() -> str:
     return f"{time.strftime('%H-%M-%S')}-{os.getpid()}"
 
 
+def rank_log_file(name: str) -> str:
+    """This process's log file in the run folder: ``<name>.log`` on rank 0 (and outside a launch),
+    ``<name>-rank<r>.log`` on rank r of a torchrun/srun launch: every rank of a launch shares the run
+    folder, and lines appended to one file from several nodes interleave (on NFS they can be lost)."""
+    from ccexp.embedding.shards import launch_rank
+
+    rank = launch_rank()[0]
+    return f"{name}.log" if rank == 0 else f"{name}-rank{rank}.log"
+
+
+def hydra_subdir() -> str | None:
+    """Hydra's copy of the config (``.hydra/``) in the run folder, written by rank 0 only: the other ranks
+    of a torchrun/srun launch run the same command and would rewrite the same files (None: not written)."""
+    from ccexp.embedding.shards import launch_rank
+
+    return ".hydra" if launch_rank()[0] == 0 else None
+
+
 _SWEEP_ID: list[str] = []
 
 
@@ -157,6 +175,8 @@ def job_dir(sampler: str, seed: Any, overrides: str) -> str:
 
 
 OmegaConf.register_new_resolver("ccexp.run_id", run_id, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("ccexp.log_file", rank_log_file, replace=True)
+OmegaConf.register_new_resolver("ccexp.hydra_subdir", hydra_subdir, replace=True)
 OmegaConf.register_new_resolver("ccexp.job_dir", job_dir, replace=True)
 OmegaConf.register_new_resolver("ccexp.sweep_id", sweep_id, replace=True)
 GRAD_ACCUMULATION = ("${ccexp.grad_accumulation:${train.tokens_per_step},${train.seq_len},${train.micro_batch_size},"

@@ -72,6 +72,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     if cfg.train.on_nonfinite not in ("stop", "skip_batch"):
         raise CcexpError(f"train.on_nonfinite={cfg.train.on_nonfinite!r} is not an option; use stop or skip_batch")
     _check_trainer(cfg)
+    check_launch(cfg.trainer)
     _check_token_budget(cfg)
     _check_eval(cfg)
     _check_model(cfg)
@@ -241,6 +242,26 @@ def _check_trainer(cfg: DictConfig) -> None:
 
         if not torch.cuda.is_available():
             raise CcexpError(f"trainer={t.name} needs a CUDA GPU and none is visible; use trainer=cpu")
+
+
+def check_launch(t: DictConfig) -> None:
+    """Under torchrun, ``trainer.devices`` x ``trainer.num_nodes`` are the launch's ranks (its ``WORLD_SIZE``):
+    the token budget is split over the configured ranks, and Lightning refuses a count that differs only
+    when training starts, after every stage, with a traceback.
+
+    Raises:
+        CcexpError: naming torchrun's processes per node and nodes, and the settings that match them.
+    """
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" not in env or "WORLD_SIZE" not in env:
+        return
+    world = int(env["WORLD_SIZE"])
+    per_node = int(env.get("LOCAL_WORLD_SIZE", world))
+    configured = schemas.world_size(t.devices, t.num_nodes, t.accelerator)
+    if configured != world:
+        raise CcexpError(f"trainer.devices={t.devices} x trainer.num_nodes={t.num_nodes} is {configured} rank(s), but "
+                         f"torchrun started {world} ({world // max(1, per_node)} node(s) x {per_node} process(es)); "
+                         f"use trainer.devices={per_node} trainer.num_nodes={world // max(1, per_node)}")
 
 
 def _check_missing(cfg: DictConfig) -> None:

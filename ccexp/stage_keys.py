@@ -93,10 +93,11 @@ def stage_fingerprint(stage: str, config: Any, inputs: dict[str, Any]) -> str:
     return fingerprint(stage, code_digest(stage), config, {**inputs, "libraries": library_versions(stage)})
 
 
-def content_digest(path: str | Path, cache: Path | None = None) -> str:
+def content_digest(path: str | Path, cache: Path | None = None, *, record: bool = True) -> str:
     """16 hex digits over a file's bytes, or a folder's files (relative paths and bytes, in order). With
     ``cache`` (a JSON file), a file whose size and modification time are unchanged is not read again, so
-    a multi-gigabyte model folder is hashed once per change, not once per run."""
+    a multi-gigabyte model folder is hashed once per change, not once per run; ``record=False`` reads the
+    cache but leaves it as it is (the other ranks of a launch)."""
     path = Path(path)
     if not path.exists():
         return f"missing:{path}"
@@ -121,7 +122,7 @@ def content_digest(path: str | Path, cache: Path | None = None) -> str:
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             h.update(f"{f.relative_to(path).as_posix()}:{digest(f)}\n".encode())
         out = h.hexdigest()[:16]
-    if cache is not None and fresh.keys() - saved.keys():
+    if cache is not None and record and fresh.keys() - saved.keys():
         from ccexp.artifacts import write_text_atomic
 
         cache.parent.mkdir(parents=True, exist_ok=True)

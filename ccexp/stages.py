@@ -80,9 +80,18 @@ class Stages:
     def cached(self, stage: str, fp: str, produce, describe) -> StageResult:
         """Reuse ``<stage>/<fp>`` if done, else call ``produce(tmp_dir) -> figures`` and publish it: the
         preprocessing stages, and the training steps the recipe calls (DoReMi's prior runs), which keep
-        their output here the same way (reused when done, published whole, locked against concurrent runs)."""
+        their output here the same way (reused when done, published whole, locked against concurrent runs).
+        On the other ranks of a torchrun/srun launch it waits for rank 0 to publish it: only rank 0 writes
+        the stage store (a file lock shared across nodes is not to be trusted on every network file
+        system), the others write only their share of a sharded stage's work files (embed, tokenize)."""
+        from ccexp.embedding.shards import launch_rank
+
         t0 = time.perf_counter()
         reused = self.store.is_done(stage, fp)
+        if not reused and launch_rank()[0] != 0:
+            log.info("%s: waiting for rank 0 to publish it (fingerprint %s)", stage, fp[:6])
+            self.store.wait(stage, fp)
+            reused = True
         if not reused:
             with self.store.lock(stage, fp):  # another run computing it: wait, then reuse
                 reused = self.store.is_done(stage, fp)
@@ -161,8 +170,11 @@ class Stages:
         return self.results["corpus"].figures.get("labels")
 
     def _digest(self, path: str | Path) -> str:
-        """:func:`ccexp.stage_keys.content_digest` of a file or folder, remembered under the stage cache."""
-        return keys.content_digest(path, self.store.root / "digests.json")
+        """:func:`ccexp.stage_keys.content_digest` of a file or folder, remembered under the stage cache (by
+        rank 0 of a launch: the other ranks read what it remembered)."""
+        from ccexp.embedding.shards import launch_rank
+
+        return keys.content_digest(path, self.store.root / "digests.json", record=launch_rank()[0] == 0)
 
     # -- embed ------------------------------------------------------------------------------------
     def embed(self, corpus: Corpus, pretrained: str | None = None) -> Embeddings:

@@ -46,7 +46,8 @@ def test_every_page_in_the_site_navigation_exists():
 
 def doc_commands() -> list[tuple[str, str, list[str]]]:
     """(page, entry point, arguments) of every ``python -m ccexp`` / ``ccexp.plan`` command in the README's
-    and the docs' code blocks (continuation lines joined, comments dropped, ``$C`` as the tour defines it)."""
+    and the docs' code blocks, also under ``torchrun [options]`` or ``srun`` (continuation lines joined,
+    comments dropped, ``$C`` as the tour defines it)."""
     import shlex
 
     tour = "data=jsonl data.path=/data/my_corpus.jsonl.gz data.label_fields=[domain]"
@@ -55,7 +56,8 @@ def doc_commands() -> list[tuple[str, str, list[str]]]:
         text = re.sub(r"\\\n\s*", " ", page.read_text())
         for block in re.findall(r"```bash\n(.*?)```", text, re.S):
             for line in block.splitlines():
-                m = re.match(r"(?:\.venv/bin/)?python -m (ccexp(?:\.plan)?)\s(.*)", line.strip())
+                m = re.match(r"(?:srun\s+)?(?:(?:\.venv/bin/)?python|torchrun(?:\s+--\S+)*)\s+-m (ccexp(?:\.plan)?)\s(.*)",
+                             line.strip())
                 if m:
                     line = re.sub(r"<[a-z ]+>", "X", m.group(2).split(" #")[0])  # a placeholder: <date>, <run id>
                     args = shlex.split(line.replace("$C", tour).replace("...", ""))

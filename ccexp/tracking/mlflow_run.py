@@ -152,7 +152,9 @@ class RunRecord:
     ``train.resume_from=last`` uses to find the run's checkpoints. A run resumed from a checkpoint of
     an interrupted run of the same configuration continues that MLflow run (``continue_run``: reopened
     RUNNING, its params kept, a ``resumed`` tag counting the resumes) rather than opening a second one of
-    the same name. With ``logger.enabled=false`` the MLflow calls are no-ops.
+    the same name. With ``logger.enabled=false`` the MLflow calls are no-ops, and so they are on every rank
+    of a torchrun/srun launch but rank 0: those ranks run the same pipeline and train, but neither open
+    the MLflow store, nor hand Lightning a logger, nor write ``run.json`` (rank 0 records the run).
 
     Args:
         cfg: the run's config; outputs: the absolute ``paths.outputs``; run_dir: the run's folder;
@@ -166,7 +168,10 @@ class RunRecord:
         self.logger = None  # Lightning's MLFlowLogger, or None when disabled
         self._extra: list | None = None  # the loggers of logger.loggers (see loggers)
         self.continued: dict | None = None  # the interrupted run this one continues: its params and tags
-        if not cfg.logger.enabled:
+        from ccexp.embedding.shards import launch_rank
+
+        self.rank_zero = launch_rank()[0] == 0  # the other ranks of a launch record nothing
+        if not cfg.logger.enabled or not self.rank_zero:
             return
         from lightning.pytorch.loggers import MLFlowLogger
 
@@ -222,7 +227,7 @@ class RunRecord:
             run_id = self.logger.run_id
             log.info("mlflow: run %r (%s) in %s%s", self.name, run_id, self.uri,
                      ", continued from where it was interrupted" if self.continued is not None else "")
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.rank_zero:
             import json
 
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -250,11 +255,11 @@ class RunRecord:
     @property
     def loggers(self) -> list:
         """The Lightning loggers of the run: MLflow's (when enabled), then those of ``logger.loggers``
-        (TensorBoard, ...), built once from their ``_target_``."""
+        (TensorBoard, ...), built once from their ``_target_``; none on the other ranks of a launch."""
         if self._extra is None:
             from ccexp.training.extras import build_loggers
 
-            self._extra = build_loggers(self.cfg.logger.get("loggers"))
+            self._extra = build_loggers(self.cfg.logger.get("loggers")) if self.rank_zero else []
         return [x for x in (self.logger, *self._extra) if x is not None]
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

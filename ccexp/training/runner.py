@@ -177,7 +177,12 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callba
     extra = {"strategy": fsdp_strategy(cfg.trainer, model)} if uses_fsdp(cfg.trainer) and model is not None else \
         {"plugins": [AtomicCheckpointIO()]}
     if cfg.trainer.accelerator == "cpu" and cfg.trainer.threads:
+        import os
+
         torch.set_num_threads(int(cfg.trainer.threads))
+        # and in the environment: without OMP_NUM_THREADS Lightning's DDP launcher sets the threads again, to the
+        # cores / processes per node (2 nodes x 1 process: every core in each process, whatever trainer.threads says)
+        os.environ["OMP_NUM_THREADS"] = str(int(cfg.trainer.threads))
     every = cfg.train.checkpoint_every_n_steps
     ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step}", auto_insert_metric_name=False,
                            save_last=True, save_top_k=-1 if every else 0, every_n_train_steps=every or None)
