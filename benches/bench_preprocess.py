@@ -19,7 +19,7 @@ uses), rounds of the two alternating in one process; the best round of each and 
 Usage:
     python benches/bench_preprocess.py                        # 1M documents (~15 min on a 2-core CPU)
     python benches/bench_preprocess.py --documents 100000     # quick
-    python benches/bench_preprocess.py --only-store           # the object-store read alone (~1 min)
+    python benches/bench_preprocess.py --only-store           # the object-store read alone (~15 s)
 """
 from __future__ import annotations
 
