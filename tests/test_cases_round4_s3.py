@@ -267,6 +267,28 @@ def test_c21_a_store_that_goes_away_mid_read_is_one_line_for_every_object_reader
     documented(line)
 
 
+def test_c21_an_object_overwritten_mid_read_is_the_changed_while_read_line(s3, monkeypatch):
+    """The store answering mid-read that the object is no longer the one opened (s3fs's ranged GETs carry
+    ``If-Match: <ETag>``): not "check the endpoint and network" but the corpus stage's line for a changed object."""
+    import fsspec.config
+
+    from ccexp.data import remote
+    from ccexp.data.corpus import CorpusReader
+    from ccexp.errors import CcexpError
+
+    url = f"s3://{BUCKET}/c21/changed/big.jsonl"
+    s3.pipe(url, _words(1000, 300))
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"default_block_size": 1 << 16})
+    monkeypatch.setattr(remote, "READ_BUFFER", 1 << 16, raising=False)
+    records = CorpusReader(url, label_fields=["domain"])._records()
+    next(records)
+    s3.pipe(url, _words(1000, 300, seed=1))  # overwritten: a new ETag
+    with pytest.raises(CcexpError) as e:
+        list(records)
+    assert str(e.value) == f"data.path={url!r} changed in the object store while it was read; run again"
+    documented(str(e.value))
+
+
 def _stopped_run(s3, tmp_path, monkeypatch, *args: str):
     """Run ``python -m ccexp`` on ``s3://corpora/c21/cli/big.jsonl`` (2.5 MB) through a proxy that stops at the
     first request after the object's first ranged GET; return the run and its ``ccexp:`` line."""

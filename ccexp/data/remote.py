@@ -197,7 +197,11 @@ class RemoteSource:
         return io.BufferedReader(ObjectStream(self, obj, f), READ_BUFFER)
 
     def read_error(self, obj: str, e: BaseException, received: int, size: int | None) -> CcexpError:
-        """The one line for a store that failed while ``obj`` was read, ``received`` bytes (of ``size``) in."""
+        """The one line for a store that failed while ``obj`` was read, ``received`` bytes (of ``size``) in; an
+        object overwritten meanwhile (s3fs reads with ``If-Match: <ETag>`` and raises ``FileExpired``) is the
+        corpus stage's "changed while it was read" line."""
+        if type(e).__name__ == "FileExpired":
+            return CcexpError(f"{self.key}={self.url!r} changed in the object store while it was read; run again")
         of = "" if self.name(obj) == self.url else f" of {self.name(obj)}"
         share = f" ({received / size:.1%} of {size:,})" if size else ""
         return CcexpError(f"{self.key}={self.url!r}: cannot be read from the object store ({type(e).__name__}: "
