@@ -26,11 +26,47 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_ccexp
-from test_object_store import BUCKET, CASES, s3  # noqa: F401  (s3: the module's moto server fixture)
+from test_object_store import BUCKET, CASES, _free_port
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
 
 ERRORS_MD = ROOT / "docs" / "errors.md"
 TINY = ["debug=tiny", "data.label_fields=[domain]", "train.max_doc_tokens=64", "eval.max_tokens=63", "train.steps=2",
         "logger=none"]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A running S3-compatible server with the bucket ``corpora``, the environment pointing at it, and an s3fs
+    filesystem on it (as ``tests/test_object_store.py``'s; moto's state is reset and fsspec's cached filesystems
+    dropped at the end, since every moto server of a process shares the one and the other names this server)."""
+    import requests
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_PROFILE", "AWS_SESSION_TOKEN"]}
+    os.environ.update(env)
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        os.environ.pop(k, None)
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec's cached filesystems point at another module's server
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    try:
+        yield fs
+    finally:
+        requests.post(f"{env['AWS_ENDPOINT_URL']}/moto-api/reset")
+        server.stop()
+        s3fs.S3FileSystem.clear_instance_cache()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def documented(line: str) -> str:
