@@ -11,9 +11,15 @@ docs/s). Cluster: ``clusterer=two_level`` at K = ``--k``, training and assignmen
 ``random``, ``uniform`` and ``clusterclip`` built on the labels. Peak RSS is per stage (the kernel's
 high-water mark, reset through ``/proc/self/clear_refs`` before each stage).
 
+Object store (c22): the first ``--store-documents`` of those documents, as one JSON-lines file and one Parquet
+file, are read by ccexp's reader (:class:`ccexp.data.corpus.CorpusReader`, every document validated) from a local
+file and from a local S3-compatible server (moto in server mode, its own process, as ``tests/test_object_store.py``
+uses), rounds of the two alternating in one process; the best round of each and their ratio are printed.
+
 Usage:
     python benches/bench_preprocess.py                        # 1M documents (~15 min on a 2-core CPU)
     python benches/bench_preprocess.py --documents 100000     # quick
+    python benches/bench_preprocess.py --only-store           # the object-store read alone (~15 s)
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ import gzip
 import json
 import logging
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,17 +54,22 @@ def peak_mib() -> float:
     return float("nan")
 
 
+def debmix_records() -> list[tuple[str, str, str]]:
+    """(id, text, domain) of debmix's non-empty documents, in a seeded random order (every domain in any prefix)."""
+    recs = []
+    for f in sorted(DEBMIX.glob("*.jsonl.gz")):
+        with gzip.open(f, "rt", encoding="utf-8") as fh:
+            recs += [(r["id"], r["text"], r["domain"]) for r in map(json.loads, fh) if r["text"].strip()]
+    return [recs[i] for i in np.random.default_rng(0).permutation(len(recs))]
+
+
 def write_source(path: Path, documents: int) -> int:
     """debmix's documents in a seeded random order, repeated (distinct ids) up to ``documents`` rows of one
     Parquet file; return the distinct source documents."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    recs = []
-    for f in sorted(DEBMIX.glob("*.jsonl.gz")):
-        with gzip.open(f, "rt", encoding="utf-8") as fh:
-            recs += [(r["id"], r["text"], r["domain"]) for r in map(json.loads, fh) if r["text"].strip()]
-    recs = [recs[i] for i in np.random.default_rng(0).permutation(len(recs))]  # every domain in any prefix
+    recs = debmix_records()
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("domain", pa.string())])
     with pq.ParquetWriter(path, schema) as w:
         for start in range(0, documents, 100_000):
@@ -64,6 +77,63 @@ def write_source(path: Path, documents: int) -> int:
             w.write_table(pa.table({"id": [f"{i // len(recs)}/{r[0]}" for i, r in zip(range(start, documents), rows)],
                                     "text": [r[1] for r in rows], "domain": [r[2] for r in rows]}, schema=schema))
     return len(recs)
+
+
+def object_store_read(tmp: Path, documents: int, rounds: int = 3) -> list[tuple[str, float, float, int]]:
+    """Read ``documents`` debmix documents as JSON lines and as Parquet with ccexp's reader from a local file and
+    from a local S3-compatible server (moto in server mode, another process), alternating, ``rounds`` times each;
+    returns (format, best local seconds, best object-store seconds, bytes) per format."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ccexp.data.corpus import CorpusReader
+
+    recs = debmix_records()
+    picked = [recs[i % len(recs)] for i in range(documents)]
+    rows = [(f"{i // len(recs)}/{doc_id}", text, domain) for i, (doc_id, text, domain) in enumerate(picked)]
+    files = {"jsonl": tmp / "store.jsonl", "parquet": tmp / "store.parquet"}
+    with open(files["jsonl"], "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"id": i, "text": t, "domain": d}) + "\n" for i, t, d in rows)
+    pq.write_table(pa.table({"id": [r[0] for r in rows], "text": [r[1] for r in rows], "domain": [r[2] for r in rows]}),
+                   files["parquet"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import boto3
+
+        s3 = boto3.client("s3")
+        for _ in range(120):
+            try:
+                s3.list_buckets()
+                break
+            except Exception:
+                time.sleep(0.5)
+        s3.create_bucket(Bucket="corpora")
+        for path in files.values():
+            s3.upload_file(str(path), "corpora", path.name)
+
+        def read(path) -> float:
+            t0 = time.perf_counter()
+            n = sum(len(b.texts) for b in CorpusReader(path, label_fields=["domain"]).batches(65536))
+            assert n == documents, (path, n)
+            return time.perf_counter() - t0
+
+        out = []
+        for fmt, path in files.items():
+            local, remote = [], []
+            for _ in range(rounds):
+                local.append(read(path))
+                remote.append(read(f"s3://corpora/{path.name}"))
+            out.append((fmt, min(local), min(remote), path.stat().st_size))
+        return out
+    finally:
+        server.terminate()
+        server.wait()
 
 
 def timed(name: str, rows: list, fn):
@@ -81,8 +151,15 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10_000)
     ap.add_argument("--embed-sample", type=int, default=20_000)
     ap.add_argument("--shard-documents", type=int, default=100_000)
+    ap.add_argument("--store-documents", type=int, default=60_000,
+                    help="documents read from a local S3 server against a local file (0: none)")
+    ap.add_argument("--only-store", action="store_true", help="only the object-store read")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.only_store:
+        with tempfile.TemporaryDirectory() as tmp:
+            report_store(object_store_read(Path(tmp), args.store_documents))
+        return
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no carriage-return bars in a redirected log
@@ -128,7 +205,16 @@ def main() -> None:
         for name, cls, kw in (("random", RandomSampler, {}), ("uniform", UniformSampler, {}),
                               ("clusterclip", ClusterClipSampler, {"clip_threshold": 5})):
             timed(f"sampler build: {name}", rows, lambda: cls(labels, sizes, block_size=1024, **kw))
+        store = object_store_read(Path(tmp), args.store_documents) if args.store_documents else []
     report(rows, args.documents, len(texts), args.k)
+    report_store(store)
+
+
+def report_store(store: list) -> None:
+    """The object-store reads against the local ones (c22: it was quadratic in the object's size)."""
+    for fmt, local, remote, size in store:
+        print(f"object store, {fmt} ({size / 2**20:.0f} MiB): local file {local:.2f} s, local S3 server {remote:.2f} s, "
+              f"ratio {remote / local:.2f} (best of 3 alternating rounds)")
 
 
 def report(rows: list, n: int, embed_n: int, k: int) -> None:

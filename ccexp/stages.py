@@ -13,7 +13,7 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -133,7 +133,8 @@ class Stages:
                 "source": ", ".join(str(src) for _, _, src, _ in readers), "label_hint": readers[0][1].label_hint}
             for _, reader, src, _ in readers:  # never cache what the key does not name
                 if isinstance(reader.path, RemoteSource) and keys.object_digest(reader.path.identity()) not in digest:
-                    raise CcexpError(f"data.path={str(src)!r} changed in the object store while it was read; run again")
+                    raise CcexpError(f"{reader.path.key}={str(src)!r} changed in the object store while it was read; "
+                                     "run again")
             return figures
 
         result = self.cached("corpus", fp, produce,
@@ -149,16 +150,21 @@ class Stages:
         d = self.data
         if d.sources:
             fields = [f for f in d.label_fields if f != SOURCE_FIELD]
-            entries = [(name, str(s["path"]), {"label_fields": fields}) for name, s in zip(source_names(d.sources),
-                                                                                           d.sources)]
+            entries = [(name, str(s["path"]), {"label_fields": fields}, f"data.sources[{i}].path")
+                       for i, (name, s) in enumerate(zip(source_names(d.sources), d.sources))]
         else:
-            entries = [("", d.path, {})]
+            entries = [("", d.path, {}, "data.path")]
         out = []
-        for name, path, extra in entries:
+        for name, path, extra, key in entries:
             src = BUILTIN_PATH if path == "builtin" else local_or_url(path)
             src = src.resolve() if isinstance(src, Path) else src
-            reader = build(d, "data", path=src, **extra)  # raises the one-line "does not exist" error
+            try:
+                reader = build(d, "data", path=src, **extra)  # raises the one-line "does not exist" error
+            except CcexpError as e:  # the reader's line names data.path: here it may be a source's path
+                raise CcexpError(str(e).replace("data.path", key)) from None
             remote = isinstance(reader.path, RemoteSource)
+            if remote:  # the store's lines (mid-read too) name this setting
+                reader.path = replace(reader.path, key=key)
             out.append((name, reader, src, keys.object_digest(reader.path.identity()) if remote else self._digest(src)))
         return out
 

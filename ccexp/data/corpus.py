@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ccexp.data.remote import RemoteSource, is_url, local_or_url, resolve, store_error
+from ccexp.data.remote import RemoteSource, is_url, local_or_url, resolve
 from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
@@ -142,6 +142,8 @@ def _parquet_rows(path: Path | str, columns: list[str], source):
 
     try:
         pf = pq.ParquetFile(source)
+    except CcexpError:  # an object store that failed mid-read (ccexp.data.remote.ObjectStream)
+        raise
     except Exception as e:  # pyarrow raises several types for a bad file
         raise CcexpError(f"{path}: not a readable Parquet file ({e})") from None
     missing = [c for c in columns if c not in pf.schema_arrow.names]
@@ -242,12 +244,7 @@ class CorpusReader:
         src, offset = self.path, 0
         for obj in src.objects:
             name, last = src.name(obj), 0
-            try:
-                raw = src.open(obj)
-            except FileNotFoundError:
-                raise CcexpError(f"data.path={src.url!r}: {name} no longer exists") from None
-            except Exception as e:  # the stores raise their own types for refused or unreachable requests
-                raise store_error(src.url, e) from None
+            raw = src.open(obj)  # buffered (lines cut from 1 MiB reads); a store failing mid-read is one line
             records = _iter_jsonl(name, raw) if self.format == "jsonl" else _iter_parquet(name, columns, raw)
             for last, rec in records:
                 yield offset + last, rec

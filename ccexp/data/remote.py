@@ -2,7 +2,9 @@
 opened with fsspec, credentials from the usual environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
 ``AWS_PROFILE`` and ``AWS_ENDPOINT_URL`` for an S3-compatible server; ``GOOGLE_APPLICATION_CREDENTIALS``;
 ``HF_TOKEN``). A URL names one object, or a prefix whose ``.jsonl(.gz)`` / ``.parquet`` objects are read as one
-corpus in sorted order. Nothing is downloaded whole: the readers stream each object.
+corpus in sorted order. Nothing is downloaded whole: the readers stream each object (:meth:`RemoteSource.open`:
+the filesystem's read-ahead, s3fs's 50 MiB blocks, cut into lines from 1 MiB reads), and a store that fails
+mid-read is one line saying how far the read got (:class:`ObjectStream`).
 
 The corpus stage keys a remote source by what the store says about each object it reads (ETag, version id or
 generation, size: :meth:`RemoteSource.identity`), not by its bytes, so a changed object is re-read and an
@@ -11,6 +13,7 @@ unchanged one costs one metadata request.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import re
 from dataclasses import dataclass
@@ -32,6 +35,10 @@ CREDENTIALS = {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFIL
                "gs": "GOOGLE_APPLICATION_CREDENTIALS", "gcs": "GOOGLE_APPLICATION_CREDENTIALS", "hf": "HF_TOKEN",
                "az": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and a key or token",
                "abfs": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and a key or token"}
+# bytes of one read from an object's file: lines are cut from reads of this size out of the filesystem's read-ahead
+# (s3fs: 50 MiB blocks), never from a whole block per line (fsspec's readline reads a block and seeks back, which
+# copies up to a block per line: quadratic in the object's size below one block)
+READ_BUFFER = 1 << 20
 
 
 def _credentials(url: str) -> str:
@@ -66,11 +73,12 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [""])[0][:160]
 
 
-def store_error(url: str, e: BaseException) -> CcexpError:
-    """The one line for an object store that refused or could not be reached."""
+def store_error(url: str, e: BaseException, key: str = "data.path") -> CcexpError:
+    """The one line for an object store that refused or could not be reached (``key``: the setting that names
+    ``url``)."""
     if isinstance(e, PermissionError):
-        return CcexpError(f"data.path={url!r}: access denied ({_first_line(e)}); {_credentials(url)}")
-    return CcexpError(f"data.path={url!r}: cannot be read from the object store ({type(e).__name__}: "
+        return CcexpError(f"{key}={url!r}: access denied ({_first_line(e)}); {_credentials(url)}")
+    return CcexpError(f"{key}={url!r}: cannot be read from the object store ({type(e).__name__}: "
                       f"{_first_line(e)}); {_credentials(url)}")
 
 
@@ -103,14 +111,66 @@ def open_fs(url: str):
                          "the port and the network") from None
 
 
+class ObjectStream(io.RawIOBase):
+    """One object of a :class:`RemoteSource` as a raw binary stream over its fsspec file (ranged reads through
+    the filesystem's read-ahead), for :class:`io.BufferedReader`. Whatever the store raises while it is read (the
+    server gone, a connection reset, a timeout after the filesystem's retries) becomes the one line of
+    :meth:`RemoteSource.read_error`, naming how many bytes had arrived.
+
+    ``received`` counts the bytes the file delivered and ``reads`` the reads that delivered them."""
+
+    def __init__(self, source: "RemoteSource", obj: str, f):
+        self._src, self._obj, self._f = source, obj, f
+        self.size: int | None = getattr(f, "size", None)
+        self.received = self.reads = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return bool(self._f.seekable())
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def readinto(self, b) -> int:
+        out = memoryview(b).cast("B")
+        data = self._read(out.nbytes)
+        out[:len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self._read(-1)
+
+    def _read(self, n: int) -> bytes:
+        try:
+            data = self._f.read(n)
+        except Exception as e:  # the stores raise their own types (botocore's, aiohttp's, OSError, ...)
+            raise self._src.read_error(self._obj, e, self.received, self.size) from None
+        self.received += len(data)
+        self.reads += bool(data)
+        return data
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._f.close()
+            finally:
+                super().close()
+
+
 @dataclass(frozen=True)
 class RemoteSource:
     """A corpus in an object store: its URL, its fsspec filesystem and the objects read (paths on ``fs``,
-    sorted)."""
+    sorted). ``key`` is the setting that names the URL in messages (``data.path``, or ``data.sources[i].path``)."""
 
     url: str
     fs: Any
     objects: tuple[str, ...]
+    key: str = "data.path"
 
     def __str__(self) -> str:
         return self.url
@@ -119,9 +179,34 @@ class RemoteSource:
         """An object's URL (for messages)."""
         return self.fs.unstrip_protocol(obj)
 
-    def open(self, obj: str):
-        """The object as a binary file that reads ranges on demand (a bounded read-ahead), not a download."""
-        return self.fs.open(obj, "rb")
+    def open(self, obj: str) -> io.BufferedReader:
+        """The object as a buffered binary file that reads ranges on demand, not a download: the filesystem's
+        read-ahead (s3fs: blocks of 50 MiB; ``FSSPEC_S3_DEFAULT_BLOCK_SIZE`` sets another size) read in
+        :data:`READ_BUFFER` pieces, so iterating its lines is linear in the object's size. A store that fails
+        while it is read raises :meth:`read_error`'s line.
+
+        Raises:
+            CcexpError: the object no longer exists, or the store refuses or cannot be reached.
+        """
+        try:
+            f = self.fs.open(obj, "rb", cache_type="readahead")
+        except FileNotFoundError:
+            raise CcexpError(f"{self.key}={self.url!r}: {self.name(obj)} no longer exists") from None
+        except Exception as e:  # the stores raise their own types for refused or unreachable requests
+            raise store_error(self.url, e, self.key) from None
+        return io.BufferedReader(ObjectStream(self, obj, f), READ_BUFFER)
+
+    def read_error(self, obj: str, e: BaseException, received: int, size: int | None) -> CcexpError:
+        """The one line for a store that failed while ``obj`` was read, ``received`` bytes (of ``size``) in; an
+        object overwritten meanwhile (s3fs reads with ``If-Match: <ETag>`` and raises ``FileExpired``) is the
+        corpus stage's "changed while it was read" line."""
+        if type(e).__name__ == "FileExpired":
+            return CcexpError(f"{self.key}={self.url!r} changed in the object store while it was read; run again")
+        of = "" if self.name(obj) == self.url else f" of {self.name(obj)}"
+        share = f" ({received / size:.1%} of {size:,})" if size else ""
+        return CcexpError(f"{self.key}={self.url!r}: cannot be read from the object store ({type(e).__name__}: "
+                          f"{_first_line(e)}) after {received:,} bytes{of}{share}; check the endpoint and network, "
+                          "then run again")
 
     def identity(self) -> list[dict]:
         """For each object read, what the store says identifies its bytes — ETag and VersionId (S3), generation
@@ -137,9 +222,9 @@ class RemoteSource:
             try:
                 info = self.fs.info(obj)
             except FileNotFoundError:
-                raise CcexpError(f"data.path={self.url!r}: {self.name(obj)} no longer exists") from None
+                raise CcexpError(f"{self.key}={self.url!r}: {self.name(obj)} no longer exists") from None
             except Exception as e:  # the stores raise their own types for refused or unreachable requests
-                raise store_error(self.url, e) from None
+                raise store_error(self.url, e, self.key) from None
             ident = {k: info[k] for k in IDENTITY_KEYS if info.get(k) not in (None, "")}
             if not ident:
                 log.warning("corpus: the store gives no ETag or version for %s; hashing its bytes to key the stage",
