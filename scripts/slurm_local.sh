@@ -160,14 +160,15 @@ start() {
   if pid_of slurmctld >/dev/null && pid_of slurmd >/dev/null && pid_of munged >/dev/null; then
     echo "$ME: the cluster of $FOLDER is already running"
   else
+    for port in $PORT $((PORT + 1)); do  # slurmctld's and slurmd's, unless they are this cluster's own
+      if ! pid_of slurmctld >/dev/null && ! pid_of slurmd >/dev/null && command -v ss >/dev/null \
+          && ss -ltn "sport = :$port" | grep -q LISTEN; then
+        die "port $port is in use by another program; choose other ports with CCEXP_SLURM_PORT=<port> $0 start $FOLDER"
+      fi
+    done
     pid_of slurmctld >/dev/null || pid_of slurmd >/dev/null || write_conf
     start_munge
-    if ! pid_of slurmctld >/dev/null; then
-      if command -v ss >/dev/null && ss -ltn "sport = :$PORT" | grep -q LISTEN; then
-        die "port $PORT is in use by another program; choose other ports with CCEXP_SLURM_PORT=<port> $0 start $FOLDER"
-      fi
-      slurmctld -f "$CONF" || die "slurmctld did not start; see $FOLDER/log/slurmctld.log"
-    fi
+    pid_of slurmctld >/dev/null || slurmctld -f "$CONF" || die "slurmctld did not start; see $FOLDER/log/slurmctld.log"
     pid_of slurmd >/dev/null || slurmd -f "$CONF" -N "$NODE" || die "slurmd did not start; see $FOLDER/log/slurmd.log"
   fi
   local state="" waited=0 limit=${CCEXP_SLURM_WAIT_S:-60}
