@@ -2,9 +2,11 @@
 
 User errors (bad config, bad input, missing files) print one line, ``ccexp: error: ...``, and exit 2.
 A signal (SIGTERM from Slurm or Kubernetes, SIGINT from Ctrl-C) stops the run with one line and
-status 128 + signal (143, 130) after saving a checkpoint to resume from. In a sweep (``-m``) a job
-that fails records its line in its folder and the sweep goes on; the sweep then exits 1 with the
-list of failed jobs.
+status 128 + signal (143, 130) after saving a checkpoint to resume from; in a job of
+``hydra/launcher=slurm`` the same holds, and SIGUSR2 (the job's time limit is near) stops it too
+and has submitit requeue it (:mod:`ccexp.tracking.launcher`). In a sweep (``-m``) a job that fails
+records its line in its folder and the sweep goes on; the sweep then exits 1 with the list of
+failed jobs.
 """
 from __future__ import annotations
 
@@ -30,11 +32,14 @@ def main(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from ccexp.errors import Interrupted, StoppedEarly
+    from ccexp.tracking.launcher import catch_signals, end_job, in_launcher_job
     from ccexp.tracking.sweep import write_job_status
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     overrides = list(HydraConfig.get().overrides.task)
+    if in_launcher_job():  # a submitit job (hydra/launcher=slurm|local): no cli() around this call
+        catch_signals()
     if multirun and kept_or_skipped(cfg, job_dir, overrides):
         return float("nan")
     try:
@@ -49,6 +54,8 @@ def main(cfg: DictConfig) -> float:
     except Interrupted as e:
         if multirun:
             write_job_status(job_dir, "KILLED", str(e), overrides)
+        if in_launcher_job():
+            end_job(e)  # its line; SIGUSR2 to submitit, which requeues the job; exit 128 + signal, no result file
         raise
     except StoppedEarly as e:  # this job's own callback stopped it: incomplete, and the next job still runs
         if not multirun:
@@ -180,28 +187,18 @@ def help_overrides(argv: list[str]) -> list[str]:
     return expand_sweep([a for a in argv if not a.startswith("-")])[0]
 
 
-def _raise_interrupted(signum, frame) -> None:
-    import signal
-
-    from ccexp.errors import Interrupted
-
-    for other in (signal.SIGINT, signal.SIGTERM):  # while the run closes (MLflow KILLED, status files), no
-        signal.signal(other, signal.SIG_IGN)       # further signal may cut the closing short
-    raise Interrupted(signum)
-
-
 def cli() -> None:
     import signal
 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ccexp.errors import Interrupted, Refused, StoppedEarly
+    from ccexp.errors import Interrupted, Refused, StoppedEarly, raise_interrupted
     from ccexp.tracking.sweep import LAST_SWEEP_FAILURES, close_active_sweep
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we print user errors as one line
-    signal.signal(signal.SIGTERM, _raise_interrupted)  # training replaces it to stop at a step boundary
-    signal.signal(signal.SIGINT, _raise_interrupted)  # not KeyboardInterrupt, on which Lightning exits with status 1
+    signal.signal(signal.SIGTERM, raise_interrupted)  # training replaces it to stop at a step boundary
+    signal.signal(signal.SIGINT, raise_interrupted)  # not KeyboardInterrupt, on which Lightning exits with status 1
     try:
         if {"--help", "-h"} & set(sys.argv[1:]):  # every setting with its description, from the schemas
             from ccexp.help import help_text

@@ -14,14 +14,17 @@ class Interrupted(BaseException):
     """The run was stopped by a signal (SIGTERM from Slurm or Kubernetes, SIGINT from Ctrl-C).
 
     A ``BaseException``, so no ``except Exception`` swallows it; the CLI prints its message as one
-    line and exits with ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT).
+    line and exits with ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT). ``pass_on`` is the
+    handler that listened for the signal before ccexp did (submitit's, which requeues a Slurm job on
+    SIGUSR2): the entry point calls it once the run is closed.
     """
 
-    def __init__(self, signum: int, message: str = ""):
+    def __init__(self, signum: int, message: str = "", pass_on=None):
         import signal
 
         self.signum = int(signum)
         self.name = signal.Signals(self.signum).name
+        self.pass_on = pass_on
         super().__init__(message or f"stopped by {self.name}")
 
     @property
@@ -43,6 +46,16 @@ class StoppedEarly(BaseException):
         super().__init__(f"stopped by {by} after step {step} of {steps}, before the run's budget: the run is not "
                          f"complete (its metrics are of step {step}); continue it with train.resume_from={checkpoint} "
                          "(or train.resume_from=last)")
+
+
+def raise_interrupted(signum, frame) -> None:
+    """A signal handler: raise :class:`Interrupted` for ``signum``, with SIGINT and SIGTERM ignored from then
+    on, so no further signal cuts short the closing of the run (MLflow KILLED, status files)."""
+    import signal
+
+    for other in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(other, signal.SIG_IGN)
+    raise Interrupted(signum)
 
 
 class Refused(BaseException):

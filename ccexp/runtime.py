@@ -16,6 +16,9 @@ def quiet_libraries() -> None:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs each CPU variant it tries
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning's own use of a torch deprecation
+    # on any machine with Slurm installed (a login node, a workstation): ccexp's Slurm launcher starts the
+    # ranks with srun, and a run outside Slurm is not a mistake
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
     import sys
 
     if not sys.stderr.isatty():  # redirected to a file: libraries' tqdm bars would be one \r-joined line

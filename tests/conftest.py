@@ -52,3 +52,28 @@ def run_ccexp(*args: str, cwd: Path, timeout: int = 600) -> subprocess.Completed
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run([sys.executable, "-m", "ccexp", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+NO_SLURM = "no Slurm cluster: start one with scripts/slurm_local.sh start, then export SLURM_CONF=/tmp/ccexp-slurm/slurm.conf"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict:
+    """The running Slurm cluster ``SLURM_CONF`` names (``scripts/slurm_local.sh start`` makes one): its
+    default partition and CPUs per node, as sinfo answers; without one the test is skipped, with one
+    reason line for all of them (:data:`NO_SLURM`); with ``CCEXP_REQUIRE_SLURM=1`` (CI) they fail instead."""
+    import shutil
+
+    missing = pytest.fail if os.environ.get("CCEXP_REQUIRE_SLURM") == "1" else pytest.skip
+    if not os.environ.get("SLURM_CONF") or shutil.which("sinfo") is None:
+        missing(NO_SLURM)
+    try:
+        proc = subprocess.run(["sinfo", "--noheader", "--format=%P %a %c"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        missing(NO_SLURM)
+    rows = [line.split() for line in proc.stdout.splitlines() if len(line.split()) == 3]
+    up = [r for r in rows if r[1] == "up"]
+    if proc.returncode != 0 or not up:
+        missing(NO_SLURM)
+    partition, _, cpus = next((r for r in up if r[0].endswith("*")), up[0])
+    return {"partition": partition.rstrip("*"), "cpus": int(cpus.rstrip("+"))}

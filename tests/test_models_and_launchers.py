@@ -125,12 +125,14 @@ def test_model_folders_without_weights_or_of_an_encoder_are_refused_before_any_w
 
 
 def test_a_slurm_sweep_off_slurm_is_refused_in_one_line_and_leaves_no_open_parent(tmp_path):
-    import shutil
+    import os
+    import subprocess
+    import sys
 
-    if shutil.which("sbatch"):
-        pytest.skip("this machine has Slurm")
-    proc = run_ccexp("-m", "hydra/launcher=slurm", "sampler=random,uniform", f"paths.outputs={tmp_path / 'out'}",
-                     cwd=tmp_path, timeout=300)
+    (tmp_path / "bin").mkdir()  # a PATH without sbatch, on a machine with Slurm installed too (CI installs it)
+    proc = subprocess.run([sys.executable, "-m", "ccexp", "-m", "hydra/launcher=slurm", "sampler=random,uniform",
+                           f"paths.outputs={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PATH": str(tmp_path / "bin"), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("ccexp: error: hydra/launcher=slurm submits jobs with sbatch")
 

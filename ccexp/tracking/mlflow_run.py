@@ -29,6 +29,15 @@ def tracking_uri(uri: str | None, outputs: Path) -> str:
     return uri
 
 
+def slurm_job_id() -> str | None:
+    """The Slurm job this process runs in, as squeue and scancel name it (``<array job>_<task>`` for a task of
+    a job array, as ``hydra/launcher=slurm`` submits a sweep), or None outside Slurm."""
+    env = os.environ
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
 def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
     """Flatten a nested config into ``a.b.c -> str(value)`` params (MLflow's 6,000-char value limit)."""
     container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
@@ -145,7 +154,8 @@ def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
 
 class RunRecord:
     """The MLflow run of one ccexp run, owned end to end through MLflow's public client: created with
-    the flattened config as params (nested under the sweep's parent run in a multirun), handed to
+    the flattened config as params (nested under the sweep's parent run in a multirun; in a Slurm job
+    tagged ``slurm_job_id``, as squeue names the job), handed to
     Lightning as its logger, given the stages' figures and the results, and closed — FINISHED;
     KILLED when a signal stops the ``with`` block; FAILED when anything else raises there. It also
     writes ``run.json`` (the run's name and MLflow id) into the run folder, which
@@ -181,7 +191,8 @@ class RunRecord:
         self.client = open_store(self.uri)
         ensure_experiment(self.client, cfg.logger.experiment, artifacts)
         tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name,
-                "recipe": cfg.recipe_name or "none", **({"run_dir": str(run_dir)} if run_dir else {}), **(tags or {})}
+                "recipe": cfg.recipe_name or "none", **({"run_dir": str(run_dir)} if run_dir else {}),
+                **({"slurm_job_id": slurm_job_id()} if slurm_job_id() else {}), **(tags or {})}
         if os.environ.get(PARENT_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
         previous = self._continuable(continue_run)
@@ -231,15 +242,19 @@ class RunRecord:
             import json
 
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "run.json").write_text(json.dumps({"run_name": self.name, "mlflow_run_id": run_id}))
+            (self.run_dir / "run.json").write_text(json.dumps({"run_name": self.name, "mlflow_run_id": run_id,
+                                                               "slurm_job_id": slurm_job_id()}))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and self.logger is not None:
             from ccexp.errors import Interrupted, StoppedEarly
 
-            # Lightning marks the run FINISHED or FAILED after fit; what happened afterwards must show
-            stopped = issubclass(exc_type, (Interrupted, StoppedEarly))  # incomplete, resumable: KILLED
+            # Lightning marks the run FINISHED or FAILED after fit; what happened afterwards must show. A signal
+            # (Interrupted), an exit asked for while the run was open (submitit requeueing a Slurm job on
+            # SIGUSR2 outside training, Lightning's SIGTERMException), or a callback's early stop (StoppedEarly) is
+            # KILLED: the run was stopped, not broken, and a resume continues it
+            stopped = issubclass(exc_type, (Interrupted, SystemExit, StoppedEarly))
             if issubclass(exc_type, StoppedEarly):
                 self.client.set_tag(self.logger.run_id, "incomplete", f"step {exc.step} of {exc.steps}")
             self.client.set_terminated(self.logger.run_id, "KILLED" if stopped else "FAILED")

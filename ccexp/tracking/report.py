@@ -123,6 +123,7 @@ class Comparison:
     power: float = 0.8
     sweep_dir: Path | None = None
     task_overrides: list[str] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)  # "#<job> (<overrides>): <status>: <line>" of the sweep
 
     @classmethod
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,
@@ -209,6 +210,10 @@ class Comparison:
         md = [f"# {self.title}", "", *verdict_markdown(self, rows, self.min_effect, self.power, command)]
         for note in self.notes:
             md += [f"Note: {note}", ""]
+        if self.unfinished:
+            md += ["## Jobs that did not finish", "", f"{len(self.unfinished)} job(s) of the sweep are not in this "
+                   "comparison (each job's `status.json` and `ccexp.log` say more):", "",
+                   *[f"- {line}" for line in self.unfinished], ""]
 
         def table(metrics: list[str], cell) -> list[str]:
             return ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)] + \
@@ -335,7 +340,8 @@ def sweep_context(client, parent_run_id: str | None) -> dict:
 
 def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, experiment: str = "ccexp",
                  group_by: str = "sampler", baseline: str = "random", require_baseline: bool = False,
-                 min_effect: float = 0.02, power: float = 0.8) -> tuple[list[Path], "Comparison"]:
+                 min_effect: float = 0.02, power: float = 0.8, unfinished: list[str] | None = None
+                 ) -> tuple[list[Path], "Comparison"]:
     """Write the comparison files for the selected runs; return their paths and the comparison.
 
     Args:
@@ -343,6 +349,7 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
             unless ``require_baseline``.
         min_effect: the smallest difference that matters, as a share of the baseline's mean (seeds needed);
         power: the power those seeds should give.
+        unfinished: the sweep's jobs that did not finish, one line each, listed in the report.
 
     Raises:
         CcexpError: if there is no finished run, or ``require_baseline`` and no run of ``baseline``.
@@ -356,6 +363,7 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
                                task_overrides=context.get("task_overrides", []))
     comparison.notes += context.get("notes", [])
+    comparison.unfinished = list(unfinished or [])
     import os
     import shutil
 

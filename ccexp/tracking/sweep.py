@@ -174,8 +174,12 @@ class MlflowSweepCallback(Callback):
                  f", {skipped} skipped as duplicate arms" if skipped else "",
                  "; failed: " + "; ".join(failed) if failed else "")
         try:
+            if self.parent_id is not None:
+                close_left_running(self.uri, sweep_dir, jobs)
             if self.parent_id is not None and len(failed) + skipped < len(jobs):
-                self._report(sweep_dir / "report", config.report)
+                self._report(sweep_dir / "report", config.report, [
+                    f"#{job} ({overrides}): {status}: {message}" for job, overrides, status, message in jobs
+                    if status not in ("FINISHED", "SKIPPED")])
         finally:
             self.close("FAILED" if failed else "FINISHED")
             _ACTIVE = None
@@ -184,7 +188,7 @@ class MlflowSweepCallback(Callback):
             os.environ.pop("CCEXP_SWEEP_ID", None)
             _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
 
-    def _report(self, out: Path, options: DictConfig) -> None:
+    def _report(self, out: Path, options: DictConfig, unfinished: list[str]) -> None:
         from mlflow import MlflowClient
 
         from ccexp.tracking.report import write_report
@@ -192,7 +196,8 @@ class MlflowSweepCallback(Callback):
 
         client = MlflowClient(self.uri)
         files, comparison = write_report(client, parent_run_id=self.parent_id, out_dir=out, baseline=options.baseline,
-                                         min_effect=float(options.min_effect), power=float(options.power))
+                                         min_effect=float(options.min_effect), power=float(options.power),
+                                         unfinished=unfinished)
         for path in files:
             client.log_artifact(self.parent_id, str(path), "report")
         for line in verdict_lines(comparison, *comparison.verdict()):
@@ -209,6 +214,30 @@ class MlflowSweepCallback(Callback):
             MlflowClient(self.uri).set_terminated(self.parent_id, status)
             self.parent_id = None
         os.environ.pop(PARENT_ENV, None)
+
+
+def close_left_running(uri: str, sweep_dir: Path, jobs: list[tuple[str, str, str, str]]) -> None:
+    """Close the MLflow run of every job that did not finish but left its run RUNNING (a job killed
+    hard: SIGKILL, a failed node, out of memory): KILLED when the job's status is KILLED, else FAILED,
+    with the job's line as its ``error`` tag. At the sweep's end no job runs any more."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(uri)
+    for job, _, status, message in jobs:
+        meta = sweep_dir / job / "run.json"
+        if status in ("FINISHED", "SKIPPED") or not meta.is_file():
+            continue
+        try:
+            run_id = json.loads(meta.read_text()).get("mlflow_run_id")
+            if not run_id or client.get_run(run_id).info.status != "RUNNING":
+                continue
+        except (OSError, ValueError, MlflowException):
+            continue
+        closed = "KILLED" if status == "KILLED" else "FAILED"
+        client.set_tag(run_id, "error", message[:5000])
+        client.set_terminated(run_id, closed)
+        log.warning("mlflow: the run of job %s was left RUNNING by its job (%s): closed %s", job, message, closed)
 
 
 def close_active_sweep(status: str) -> None:

@@ -251,17 +251,26 @@ class StopOnSignal(Callback):
     checkpoint) and :class:`~ccexp.errors.Interrupted` is raised, naming the checkpoint. A second
     Ctrl-C stops at once, also with :class:`~ccexp.errors.Interrupted` — never a ``KeyboardInterrupt``,
     on which Lightning would exit with status 1 — naming the newest checkpoint there is (checkpoints
-    are written atomically, so the one being written when it came is either whole or absent). The
-    previous handlers come back when training ends."""
+    are written atomically, so the one being written when it came is either whole or absent). A signal
+    of :data:`PASSED_ON` that someone listens for when training starts — SIGUSR2, which submitit
+    (``hydra/launcher=slurm``) has Slurm send ``signal_delay_s`` before the job's time limit — stops
+    training the same way, and :class:`~ccexp.errors.Interrupted` carries that listener (``pass_on``) for
+    the entry point to call once the run is closed: submitit then requeues the job, which continues
+    from the checkpoint. The previous handlers come back when training ends."""
+
+    PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.signum = 0
+        self.pass_on = None  # the listener of a PASSED_ON signal that came, to call after the run is closed
         self._previous: dict[int, object] = {}
         self._trainer = None
 
     def _flag(self, signum, frame) -> None:
         self.signum = self.signum or signum
+        if signum in self.PASSED_ON:
+            self.pass_on = self._previous.get(signum)
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, self._at_once)  # a second Ctrl-C interrupts at once
         log.warning("%s received: stopping after this optimizer step and saving a checkpoint%s",
@@ -279,7 +288,8 @@ class StopOnSignal(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._trainer = trainer
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        listened = [s for s in self.PASSED_ON if callable(signal.getsignal(s))]  # submitit's SIGUSR2 in a Slurm job
+        for signum in (signal.SIGTERM, signal.SIGINT, *listened):
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._flag)  # replaces Lightning's, which would stop mid-accumulation
 
@@ -293,11 +303,16 @@ class StopOnSignal(Callback):
             trainer.save_checkpoint(self.path, weights_only=False)  # the full state, to resume from
             from ccexp.errors import Interrupted
 
-            for signum in (signal.SIGTERM, signal.SIGINT):  # stopping now: nothing may cut the closing short
+            for signum in self._previous:  # stopping now: nothing may cut the closing short
                 self._previous[signum] = signal.SIG_IGN
-            raise Interrupted(int(flag.item()), f"stopped by {signal.Signals(int(flag.item())).name} after step "
-                                                f"{trainer.global_step}; resume with train.resume_from={self.path} "
-                                                "(or train.resume_from=last)")
+            signum, step = int(flag.item()), trainer.global_step
+            if self.pass_on is not None:
+                raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after step {step}, the "
+                                          "scheduler's notice of the job's time limit (or of a preemption); the "
+                                          f"checkpoint is {self.path}: the requeued job continues from it with "
+                                          "train.resume_from=auto (or train.resume_from=last)", pass_on=self.pass_on)
+            raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after step {step}; resume with "
+                                      f"train.resume_from={self.path} (or train.resume_from=last)")
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -171,11 +171,20 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callba
                   model: torch.nn.Module | None = None) -> L.Trainer:
     """``trainer._target_`` (Lightning's Trainer) with the run's steps, accumulation, checkpoints (written
     atomically, :class:`AtomicCheckpointIO`) and callbacks; for ``strategy=fsdp`` the strategy built from
-    ``trainer.fsdp`` around ``model`` (its sharded checkpoints are folders it writes itself)."""
+    ``trainer.fsdp`` around ``model`` (its sharded checkpoints are folders it writes itself). In a Slurm
+    job Lightning's own requeueing is off (``SLURMEnvironment(auto_requeue=False)``): a stop on a signal
+    is ccexp's (:class:`~ccexp.training.callbacks.StopOnSignal`) and a requeue the launcher's (submitit)."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
     from ccexp.training.distributed import fsdp_strategy, uses_fsdp
 
-    extra = {"strategy": fsdp_strategy(cfg.trainer, model)} if uses_fsdp(cfg.trainer) and model is not None else \
-        {"plugins": [AtomicCheckpointIO()]}
+    fsdp = uses_fsdp(cfg.trainer) and model is not None
+    plugins = [] if fsdp else [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():  # else Lightning saves its own checkpoint and requeues the job on SIGUSR1
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    extra = {"strategy": fsdp_strategy(cfg.trainer, model)} if fsdp else {}
+    if plugins:
+        extra["plugins"] = plugins
     if cfg.trainer.accelerator == "cpu" and cfg.trainer.threads:
         import os
 
