@@ -448,7 +448,7 @@ def test_a_server_back_before_the_run_ends_gets_what_the_local_store_kept(server
         fb.log_artifact(run_id, str(tmp_path / "clusters.csv"), "tables")
         away = fb.create_run("ccexp", "begun-while-away", {"sampler": "random"})
         fb.log_metric(away, "train/loss", 6.0, step=1)
-        assert fb.away == "connection refused"
+        assert fb.away in ("connection refused", "connection lost")  # a new connection, or the kept-alive one
     finally:
         server.start()  # the same database and port
     assert fb._back.wait(60)  # the probe saw it
