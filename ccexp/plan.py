@@ -237,6 +237,12 @@ def stream_main(overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     try:
         variants = expand_sweep(overrides)
+        from pathlib import Path
+
+        from ccexp.tracking.mlflow_run import check_store
+
+        first = compose(variants[0])  # the plan's runs go where a run's would: the store said, a server asked, first
+        check_store(first.logger, Path(first.paths.outputs).expanduser().resolve())
         plans, impossible = [], []
         for variant in variants:  # a variant the data cannot supply is marked; the others are planned
             cfg = compose(variant)
@@ -427,16 +433,17 @@ def log_plans(plans: list, out, files: list) -> None:
         return
     from pathlib import Path
 
-    from ccexp.tracking.mlflow_run import ensure_experiment, open_store, tracking_uri
+    from ccexp.tracking.mlflow_run import run_store
+    from ccexp.tracking.server import LOCAL_STORE, FallbackClient, client_for, start_run
 
     outputs = Path(cfg0.paths.outputs).resolve()
-    client = open_store(tracking_uri(cfg0.logger.tracking_uri, outputs))
-    artifacts = Path(cfg0.logger.artifact_location or outputs / "mlartifacts").resolve()
-    exp = ensure_experiment(client, f"{cfg0.logger.experiment}-plan", artifacts)
+    store = run_store(cfg0.logger.tracking_uri, outputs)
+    client = client_for(store, Path(out) / LOCAL_STORE)
+    artifacts = cfg0.logger.artifact_location or (None if store.is_server else outputs / "mlartifacts")
     for label, cfg, p in plans:
-        run = client.create_run(exp, run_name=f"plan-{label}".replace(" ", "_")[:200],
-                                tags={"ccexp.plan": "true", "sampler": cfg.sampler.name, "data": cfg.data.name})
-        rid = run.info.run_id
+        rid = start_run(client, f"{cfg0.logger.experiment}-plan", f"plan-{label}".replace(" ", "_")[:200],
+                        {"ccexp.plan": "true", "sampler": cfg.sampler.name, "data": cfg.data.name}, artifacts,
+                        local=not store.is_server)
         for step, kl, ent in zip(p.history["step"], p.history["kl_to_corpus"], p.history["mix_entropy"]):
             client.log_metric(rid, "plan/kl_to_corpus", kl, step=int(step))
             client.log_metric(rid, "plan/mix_entropy", ent, step=int(step))
@@ -446,6 +453,8 @@ def log_plans(plans: list, out, files: list) -> None:
         for f in files:
             client.log_artifact(rid, str(f))
         client.set_terminated(rid, "FINISHED")
+    if isinstance(client, FallbackClient):
+        client.close()
 
 
 if __name__ == "__main__":

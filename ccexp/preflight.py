@@ -101,7 +101,8 @@ def _check_outputs(cfg: DictConfig) -> None:
 
 def check_inputs(cfg: DictConfig) -> None:
     """The checks that need neither torch nor a model, run first (in about a second): keys and bounds,
-    required values, the corpus's path and format, and ``paths.outputs``.
+    required values, the corpus's path and format, ``paths.outputs``, and the MLflow store (said in the
+    run's first line; a tracking server must answer).
 
     Raises:
         CcexpError: for the first problem.
@@ -110,6 +111,9 @@ def check_inputs(cfg: DictConfig) -> None:
     _check_missing(cfg)
     _check_sources(cfg.data)
     _check_outputs(cfg)
+    from ccexp.tracking.mlflow_run import check_store
+
+    check_store(cfg.logger, Path(cfg.paths.outputs).expanduser().resolve())
 
 
 def _check_sources(data: DictConfig) -> None:

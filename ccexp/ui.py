@@ -1,7 +1,8 @@
 """``python -m ccexp.ui``: the MLflow UI on ccexp's store, opened at the view that compares a sweep.
 
 The MLflow UI's root page opens in its GenAI mode and its runs table shows no metric until columns are
-picked. This command starts ``mlflow server`` on the store (``outputs/mlflow.db`` by default) and prints
+picked. This command starts ``mlflow server`` on the store (``--store``, ``MLFLOW_TRACKING_URI``, else
+``outputs/mlflow.db``; on a tracking server it starts nothing: the view opens in the server's own UI) and prints
 one address: the runs of the latest sweep (or ``--parent``), grouped by sampler with each group's mean on
 its own row, the headline held-out metrics as the columns (overall, macro, worst-cluster, rarest and
 commonest quintile perplexity, bits per byte) and the runs sorted by macro perplexity. The view is an
@@ -12,6 +13,7 @@ Usage:
     python -m ccexp.ui                                   # outputs/mlflow.db on http://127.0.0.1:5000
     python -m ccexp.ui --store runs/mlflow.db --port 5001 --parent <sweep run id>
     python -m ccexp.ui --no-server                       # write the view, print its address (a UI runs already)
+    python -m ccexp.ui --tracking-uri http://mlflow.example:5000   # a team's server: the view in its own UI
 """
 from __future__ import annotations
 
@@ -75,9 +77,11 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
     return exp.experiment_id, key, metrics
 
 
-def view_address(host: str, port: int, experiment_id: str, key: str) -> str:
-    """The UI address of the shared view ``key`` (in the UI's model-training mode, not GenAI)."""
-    return f"http://{host}:{port}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
+def view_address(host: str, port: int, experiment_id: str, key: str, base: str | None = None) -> str:
+    """The UI address of the shared view ``key`` (in the UI's model-training mode, not GenAI), on
+    ``http://host:port`` or on the tracking server ``base``."""
+    root = base.rstrip("/") if base else f"http://{host}:{port}"
+    return f"{root}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
 
 
 def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.Popen:
@@ -107,8 +111,10 @@ def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.P
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m ccexp.ui", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store", default="outputs/mlflow.db", help="SQLite MLflow store (default outputs/mlflow.db)")
-    ap.add_argument("--tracking-uri", default=None, help="any MLflow tracking URI (overrides --store)")
+    ap.add_argument("--store", default=None,
+                    help="SQLite MLflow store (default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
+    ap.add_argument("--tracking-uri", default=None,
+                    help="any MLflow tracking URI (overrides --store); a server's: the view is opened in its own UI")
     ap.add_argument("--experiment", default="ccexp", help="the MLflow experiment (default ccexp)")
     ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")
     ap.add_argument("--host", default="127.0.0.1")
@@ -120,15 +126,21 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from mlflow import MlflowClient
 
-        from ccexp.tracking.report import store_uri
+        from ccexp.tracking.report import cli_store
+        from ccexp.tracking.store import check_server
 
-        uri = store_uri(args.store, args.tracking_uri)
-        experiment_id, key, metrics = compare_view(MlflowClient(uri), args.experiment, args.parent)
-        if not args.no_server:
-            proc = serve(uri, args.host, args.port)
+        store = cli_store(args.store, args.tracking_uri)
+        check_server(store)
+        print(store.line("ccexp.ui"), file=sys.stderr, flush=True)
+        experiment_id, key, metrics = compare_view(MlflowClient(store.uri), args.experiment, args.parent)
+        if not args.no_server and not store.is_server:
+            proc = serve(store.uri, args.host, args.port)
         print(f"ccexp.ui: the sweep's runs by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",
               flush=True)
-        print(view_address(args.host, args.port, experiment_id, key), flush=True)
+        print(view_address(args.host, args.port, experiment_id, key, store.uri if store.is_server else None),
+              flush=True)
+        if store.is_server:
+            print(f"ccexp.ui: the view is in the tracking server's own UI ({store.uri}); nothing to start", flush=True)
         if proc is not None:
             print("ccexp.ui: MLflow UI running; Ctrl-C stops it", flush=True)
             proc.wait()

@@ -1,32 +1,55 @@
-"""MLflow tracking on a SQLite store (never the deprecated file store), owned by one :class:`RunRecord`.
+"""MLflow tracking, owned by one :class:`RunRecord`: on a SQLite store (never the deprecated file store) or
+a team's tracking server.
 
-The store is ``<outputs>/mlflow.db`` and artifacts go to ``<outputs>/mlartifacts`` by default, both
+The store is, as MLflow's own clients decide it, ``logger.tracking_uri`` when set, else
+``MLFLOW_TRACKING_URI``, else ``<outputs>/mlflow.db`` with artifacts in ``<outputs>/mlartifacts``, both
 absolute, so runs launched from any folder land in one place and compare in one UI
-(``mlflow ui --backend-store-uri sqlite:///<outputs>/mlflow.db``).
+(``mlflow ui --backend-store-uri sqlite:///<outputs>/mlflow.db``). On a server the run writes through
+:class:`ccexp.tracking.server.FallbackClient`, so a server that goes away never stops it.
 """
 from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from ccexp.names import metric_keys, run_name
+from ccexp.tracking.store import ensure_experiment, open_store  # noqa: F401  (the store helpers, as before)
 
 log = logging.getLogger("ccexp")
 PARENT_ENV = "CCEXP_PARENT_RUN_ID"  # set by a sweep's parent run (ccexp.tracking.sweep) for its jobs
 
 
 def tracking_uri(uri: str | None, outputs: Path) -> str:
-    """``None``/empty -> ``sqlite:///<outputs>/mlflow.db``; a relative sqlite path is made absolute."""
-    if not uri:
-        return f"sqlite:///{(outputs / 'mlflow.db').resolve()}"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
-    return uri
+    """The run's tracking URI (:func:`run_store`)."""
+    return run_store(uri, outputs).uri
+
+
+def run_store(uri: str | None, outputs: Path):
+    """The store of a run or sweep with ``logger.tracking_uri=uri``: that URI when set, else
+    ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<outputs>/mlflow.db``; a relative sqlite path is made
+    absolute. A :class:`ccexp.tracking.server.Store` (its URI and where it came from)."""
+    from ccexp.tracking.store import resolve_store
+
+    return resolve_store(uri, f"sqlite:///{(outputs / 'mlflow.db').resolve()}")
+
+
+def check_store(logger_cfg, outputs: Path) -> None:
+    """Say which store a run uses and where that came from (its first line), and check a server answers.
+
+    Raises:
+        CcexpError: for a server that does not answer (:func:`ccexp.tracking.server.check_server`).
+    """
+    if not logger_cfg.enabled:
+        return
+    from ccexp.tracking.store import check_server
+
+    store = run_store(logger_cfg.tracking_uri, outputs)
+    log.info("%s", store.line())
+    check_server(store, default_uri=str((outputs / "mlflow.db").resolve()))
 
 
 def slurm_job_id() -> str | None:
@@ -52,104 +75,6 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
 
     walk(container, prefix)
     return out
-
-
-def open_store(uri: str):
-    """An ``MlflowClient`` on ``uri``. A SQLite store is created and migrated under a file lock next to
-    it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema. A store this
-    call could not finish creating (a full disk) is removed, so none is left half-created; one left
-    half-created earlier (its schema migration cut short) is set aside and created anew when it holds
-    no run, or named in one line when it does.
-
-    Raises:
-        CcexpError: for a full disk, or a half-created store that holds runs.
-    """
-    from filelock import FileLock
-    from mlflow import MlflowClient
-
-    from ccexp.errors import CcexpError, disk_full_line
-
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    if not uri.startswith("sqlite:///"):
-        return MlflowClient(uri)
-    db = Path(uri[len("sqlite:///"):])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(db) + ".lock"):
-        for attempt in (1, 2):
-            existed = db.is_file()
-            try:
-                client = MlflowClient(uri)
-                client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables here
-                return client
-            except Exception as e:
-                line = disk_full_line(e, db.parent)
-                if not existed:  # this call's own half-made store: gone, so nothing looks complete
-                    for f in (db, Path(f"{db}-journal"), Path(f"{db}-wal"), Path(f"{db}-shm")):
-                        f.unlink(missing_ok=True)
-                if line is not None:
-                    raise CcexpError(line.replace("the disk holding", "the disk holding the MLflow store in", 1)
-                                     ) from None
-                if not existed or attempt == 2:
-                    raise
-                runs = _runs_in(db)
-                if runs:
-                    raise CcexpError(f"the MLflow store {db} cannot be opened ({str(e).splitlines()[0][:200]}) and "
-                                     f"holds {runs} run(s); restore it from a copy, or set logger.tracking_uri to a "
-                                     "new store") from None
-                aside = db.with_name(f"{db.name}.half-created-{time.strftime('%Y%m%d-%H%M%S')}")
-                _forget_engine(uri)  # MLflow keeps one engine per URI, still open on the file set aside
-                os.replace(db, aside)
-                log.warning("mlflow: the store %s was left half-created (%s) and held no run: set aside as %s and "
-                            "created anew", db, str(e).splitlines()[0][:160], aside.name)
-    raise AssertionError("unreachable")
-
-
-def _forget_engine(uri: str) -> None:
-    """Close and drop the SQLAlchemy engine MLflow's store class keeps for ``uri`` (its ``_engine_map``), so
-    the next client opens the file that is there now."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
-    if engine is not None:
-        engine.dispose()
-
-
-def _runs_in(db: Path) -> int:
-    """Runs in a SQLite MLflow store read directly (0 when its tables cannot be read)."""
-    import sqlite3
-
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-            return int(con.execute("select count(*) from runs").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-
-
-def ensure_experiment(client, name: str, artifact_location: str | Path) -> str:
-    """The id of experiment ``name``, created with an explicit artifact folder if it does not exist.
-
-    A new experiment is tagged a classic ML experiment (``mlflow.experimentKind =
-    custom_model_development``), so MLflow 3's UI opens it on the runs table rather than its GenAI
-    traces view, and the store's empty ``Default`` experiment is removed so it does not sit beside it.
-    """
-    from mlflow.exceptions import MlflowException
-
-    artifacts = Path(artifact_location).resolve()
-    artifacts.mkdir(parents=True, exist_ok=True)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        experiment_id = client.create_experiment(name, artifact_location=artifacts.as_uri(),
-                                                 tags={"mlflow.experimentKind": "custom_model_development"})
-    except MlflowException:  # another run created it in the meantime
-        return client.get_experiment_by_name(name).experiment_id
-    default = client.get_experiment_by_name("Default")
-    if default is not None and default.lifecycle_stage == "active" and \
-            not client.search_runs([default.experiment_id], max_results=1):
-        client.delete_experiment(default.experiment_id)
-    return experiment_id
 
 
 class RunRecord:
@@ -183,13 +108,22 @@ class RunRecord:
         self.rank_zero = launch_rank()[0] == 0  # the other ranks of a launch record nothing
         if not cfg.logger.enabled or not self.rank_zero:
             return
+        from lightning.fabric.utilities.rank_zero import rank_zero_only
         from lightning.pytorch.loggers import MLFlowLogger
 
-        self.uri = tracking_uri(cfg.logger.tracking_uri, outputs)
-        artifacts = Path(cfg.logger.artifact_location or outputs / "mlartifacts").resolve()
+        from ccexp.tracking.server import LOCAL_STORE, FallbackClient, client_for, start_run
+
+        self.store = run_store(cfg.logger.tracking_uri, outputs)
+        self.uri = self.store.uri
+        # artifacts: logger.artifact_location, else <outputs>/mlartifacts for a local store, else where the server says
+        artifacts = cfg.logger.artifact_location or (None if self.store.is_server else outputs / "mlartifacts")
         os.environ.pop("MLFLOW_RUN_ID", None)  # a stale id in the environment would hijack the run
-        self.client = open_store(self.uri)
-        ensure_experiment(self.client, cfg.logger.experiment, artifacts)
+        # where the run's writes go while a tracking server is away
+        self.local_store = (run_dir if run_dir is not None else outputs / LOCAL_STORE / self.name) / LOCAL_STORE
+        self.client = client_for(self.store, self.local_store)
+        if rank_zero_only.rank != 0:  # only rank 0 logs (Lightning's logger is inert on the others)
+            self.logger = MLFlowLogger(experiment_name=cfg.logger.experiment, tracking_uri=self.uri, log_model=False)
+            return
         tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name,
                 "recipe": cfg.recipe_name or "none", **({"run_dir": str(run_dir)} if run_dir else {}),
                 **({"slurm_job_id": slurm_job_id()} if slurm_job_id() else {}), **(tags or {})}
@@ -198,25 +132,33 @@ class RunRecord:
         previous = self._continuable(continue_run)
         if previous is not None:
             self.continued = {"params": dict(previous.data.params), "resumed": int(previous.data.tags.get("resumed", 0))}
+            if isinstance(self.client, FallbackClient):
+                self.client.adopt(continue_run, cfg.logger.experiment, self.name)
             self.client.update_run(continue_run, status="RUNNING")
             for key, value in tags.items():
                 self.client.set_tag(continue_run, key, value)
+            run_id = continue_run
+        else:
+            from mlflow.tracking.context.registry import resolve_tags
+
+            run_id = start_run(self.client, cfg.logger.experiment, self.name, resolve_tags(tags), artifacts,
+                               local=not self.store.is_server)  # resolve_tags: the user, source, git commit
         self.logger = MLFlowLogger(experiment_name=cfg.logger.experiment, run_name=self.name, tracking_uri=self.uri,
-                                   artifact_location=artifacts.as_uri(), tags=None if previous else tags,
-                                   log_model=False, run_id=continue_run if previous else None)
+                                   log_model=False, run_id=run_id)
+        self.logger._mlflow_client = self.client  # Lightning writes through ccexp's client (it takes no argument for it)
 
     def _continuable(self, run_id: str | None):
         """The MLflow run ``run_id`` when this run continues it: it exists in this experiment under this name
-        and did not finish; else None (a new run is opened)."""
+        and did not finish; else None (a new run is opened; also when the store cannot tell now)."""
         if run_id is None:
             return None
         from mlflow.exceptions import MlflowException
 
         try:
             run = self.client.get_run(run_id)
+            exp = self.client.get_experiment_by_name(self.cfg.logger.experiment)
         except MlflowException:
             return None
-        exp = self.client.get_experiment_by_name(self.cfg.logger.experiment)
         if exp is None or run.info.experiment_id != exp.experiment_id or run.info.run_name != self.name \
                 or run.info.status == "FINISHED":
             return None
@@ -247,7 +189,7 @@ class RunRecord:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None and self.logger is not None:
+        if exc_type is not None and self.logger is not None and self.logger.run_id is not None:
             from ccexp.errors import Interrupted, StoppedEarly
 
             # Lightning marks the run FINISHED or FAILED after fit; what happened afterwards must show. A signal
@@ -261,7 +203,23 @@ class RunRecord:
             if exc is not None and not stopped:
                 self.client.set_tag(self.logger.run_id, "error", str(exc).splitlines()[0][:5000] if str(exc) else
                                     exc_type.__name__)
+        self.close()
         return False
+
+    def close(self) -> None:
+        """On a tracking server: deliver what a server away left in the local store (one line when it cannot),
+        and record in ``run.json`` the id the run has on the server (a run begun while it was away has one
+        only once delivered)."""
+        from ccexp.tracking.server import FallbackClient
+
+        if self.logger is None or not isinstance(self.client, FallbackClient) or self.logger.run_id is None:
+            return
+        self.client.close()
+        server_id = self.client.server_run_id(self.logger.run_id)
+        if self.run_dir is not None and server_id not in (None, self.logger.run_id):
+            import json
+
+            (self.run_dir / "run.json").write_text(json.dumps({"run_name": self.name, "mlflow_run_id": server_id}))
 
     def set_tag(self, key: str, value: str) -> None:
         if self.logger is not None:

@@ -18,6 +18,7 @@ Usage:
     python -m ccexp.report                                   # latest sweep in outputs/mlflow.db
     python -m ccexp.report --parent <run id> --out reports/x --baseline uniform --min-effect 0.01
     python -m ccexp.report --all-runs --experiment ccexp
+    python -m ccexp.report --tracking-uri http://mlflow.example:5000  # a team's server (or MLFLOW_TRACKING_URI)
 """
 from __future__ import annotations
 
@@ -449,29 +450,52 @@ def _plot(path: Path, comparison: "Comparison", metrics: list[str]) -> None:
     plt.close(fig)
 
 
-def store_uri(store: str, tracking_uri: str | None = None) -> str:
-    """The MLflow tracking URI of ``--tracking-uri``, else of the SQLite store file ``--store``.
+def store_uri(store: str | None, tracking_uri: str | None = None) -> str:
+    """The MLflow tracking URI a viewer reads (:func:`cli_store`)."""
+    return cli_store(store, tracking_uri).uri
+
+
+def cli_store(store: str | None, tracking_uri: str | None = None):
+    """The store of ``ccexp.report`` and ``ccexp.ui``, as MLflow's clients decide it: ``--tracking-uri``, else
+    the SQLite file ``--store``, else ``MLFLOW_TRACKING_URI``, else ``outputs/mlflow.db``. A SQLite store must
+    be a file that exists (MLflow would make any other path, an empty file too, into a new store). A
+    :class:`ccexp.tracking.store.Store`.
 
     Raises:
         CcexpError: when there is no such store file.
     """
+    import os
+
+    from ccexp.tracking.store import Store, absolute
+
+    env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
     if tracking_uri:
-        return tracking_uri
-    path = Path(store).expanduser()
+        uri, source = absolute(tracking_uri), "--tracking-uri"
+    elif store:
+        uri, source = None, "--store"
+    elif env:
+        uri, source = absolute(env), "MLFLOW_TRACKING_URI"
+    else:
+        store, uri, source = "outputs/mlflow.db", None, "default-cli"
+    if uri is not None and not uri.startswith("sqlite:///"):
+        return Store(uri, source, env if env and source != "MLFLOW_TRACKING_URI" and absolute(env) != uri else "")
+    path = Path(store).expanduser() if uri is None else Path(uri[len("sqlite:///"):])
     if not path.is_file():
         raise CcexpError(f"no MLflow store at {path}; run ccexp first or pass --store / --tracking-uri")
     with open(path, "rb") as f:  # MLflow would turn any other file (an empty one too) into a new store
         if f.read(16) != b"SQLite format 3\x00":
             raise CcexpError(f"{path} is not an MLflow store (not a SQLite database); pass the mlflow.db that ccexp "
                              "wrote (<paths.outputs>/mlflow.db)")
-    return f"sqlite:///{path.resolve()}"
+    uri = f"sqlite:///{path.resolve()}"
+    return Store(uri, source, env if env and source != "MLFLOW_TRACKING_URI" and absolute(env) != uri else "")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m ccexp.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store", default="outputs/mlflow.db", help="SQLite MLflow store (default outputs/mlflow.db)")
-    ap.add_argument("--tracking-uri", default=None, help="any MLflow tracking URI (overrides --store)")
+    ap.add_argument("--store", default=None,
+                    help="SQLite MLflow store (default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
+    ap.add_argument("--tracking-uri", default=None, help="any MLflow tracking URI, a server's too (overrides --store)")
     ap.add_argument("--experiment", default="ccexp")
     ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")
     ap.add_argument("--all-runs", action="store_true", help="compare every finished run of the experiment")
@@ -487,10 +511,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from mlflow import MlflowClient
 
-        client = MlflowClient(store_uri(args.store, args.tracking_uri))
+        from ccexp.tracking.store import check_server
+
+        store = cli_store(args.store, args.tracking_uri)
+        check_server(store)
+        print(store.line("ccexp.report"), file=sys.stderr)
+        client = MlflowClient(store.uri)
         parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
         # beside the store it reads (outputs/reports/ for outputs/mlflow.db), not in the working folder
-        home = Path(args.store).expanduser().parent if not args.tracking_uri else Path("outputs")
+        home = Path(store.uri[len("sqlite:///"):]).parent if store.uri.startswith("sqlite:///") else Path("outputs")
         out = Path(args.out or home / "reports" / (parent or args.experiment))
         files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
                                          baseline=args.baseline or "random", require_baseline=args.baseline is not None,

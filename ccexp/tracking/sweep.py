@@ -82,6 +82,12 @@ class MlflowSweepCallback(Callback):
     def __init__(self) -> None:
         self.parent_id: str | None = None
         self.uri: str | None = None
+        self.client = None  # the parent's client: MLflow's, or a FallbackClient on a tracking server
+
+    def __getstate__(self) -> dict:
+        """What a launcher (joblib, submitit) sends its workers with the job: not the parent's client (a store's
+        open engine, a FallbackClient's lock), which only the launching process uses."""
+        return {**self.__dict__, "client": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         global _ACTIVE
@@ -102,6 +108,13 @@ class MlflowSweepCallback(Callback):
             if shutil.which("sbatch") is None:
                 raise Refused("hydra/launcher=slurm submits jobs with sbatch, which is not on this machine; run the "
                               "sweep from a Slurm login node, or try it here with hydra/launcher=local")
+        if config.logger.enabled:  # the parent's store, said and (a server) asked before any stage or job
+            from ccexp.tracking.mlflow_run import check_store
+
+            try:
+                check_store(config.logger, Path(config.paths.outputs).resolve())
+            except CcexpError as e:
+                raise Refused(str(e)) from None
         LAST_SWEEP_FAILURES.clear()
         _ACTIVE = self
         from ccexp.config import sweep_id
@@ -118,49 +131,54 @@ class MlflowSweepCallback(Callback):
             return
         from ccexp.tracking.mlflow_run import PARENT_ENV
 
-        self.uri, run = self._parent_run(config, sweep_dir)
-        self.parent_id = run.info.run_id
-        from mlflow import MlflowClient
-
-        MlflowClient(self.uri).set_tag(self.parent_id, "ccexp.duplicates", json.dumps(
+        self.uri, self.client, self.parent_id = self._parent_run(config, sweep_dir)
+        self.client.set_tag(self.parent_id, "ccexp.duplicates", json.dumps(
             [{k: d[k] for k in ("job", "sampler", "seed", "same_as", "same_as_job")} for d in duplicates])[:5000])
         os.environ[PARENT_ENV] = self.parent_id
 
     @staticmethod
     def _parent_run(config: DictConfig, sweep_dir: Path):
-        """(tracking URI, the sweep's MLflow parent run): the one ``<sweep_dir>/sweep.json`` names when this
-        sweep folder was launched before into the same store (reopened: the sweep is being extended or
-        resumed), else a new one, recorded there."""
-        from ccexp.tracking.mlflow_run import ensure_experiment, open_store, tracking_uri
+        """(tracking URI, its client, the id of the sweep's MLflow parent run): the run ``<sweep_dir>/sweep.json``
+        names when this sweep folder was launched before into the same store (reopened: the sweep is being
+        extended or resumed), else a new one, recorded there. The store is the jobs' own
+        (:func:`ccexp.tracking.mlflow_run.run_store`), so the parent and its children are in one place; on a
+        tracking server the parent writes through a FallbackClient (its local store: ``<sweep_dir>/mlflow-local``)."""
+        from ccexp.tracking.mlflow_run import ensure_experiment, run_store
+        from ccexp.tracking.server import LOCAL_STORE, client_for, start_run
 
         outputs = Path(config.paths.outputs).resolve()
-        uri = tracking_uri(config.logger.tracking_uri, outputs)
-        client = open_store(uri)
-        experiment_id = ensure_experiment(client, config.logger.experiment,
-                                          config.logger.artifact_location or outputs / "mlartifacts")
+        store = run_store(config.logger.tracking_uri, outputs)
+        uri = store.uri
+        client = client_for(store, sweep_dir / LOCAL_STORE)
+        artifacts = config.logger.artifact_location or (None if store.is_server else outputs / "mlartifacts")
         overrides = " ".join(config.hydra.overrides.task)
         record = sweep_dir / "sweep.json"
         saved = json.loads(record.read_text()) if record.is_file() else {}
         if saved.get("tracking_uri") == uri:
             from mlflow.exceptions import MlflowException
 
+            experiment_id = ensure_experiment(client.server if store.is_server else client, config.logger.experiment,
+                                              artifacts, local=not store.is_server)
             try:
                 run = client.get_run(saved["parent_run_id"])
             except MlflowException:
                 run = None
             if run is not None and run.info.experiment_id == experiment_id:
+                if store.is_server:
+                    client.adopt(run.info.run_id, config.logger.experiment, run.info.run_name)
                 client.update_run(run.info.run_id, status="RUNNING")
                 client.set_tag(run.info.run_id, "overrides", overrides[:5000])
                 log.info("mlflow: sweep parent run %s (%s) reopened: this sweep folder was launched before; its "
                          "finished jobs are kept", run.info.run_name, run.info.run_id)
-                return uri, run
-        run = client.create_run(experiment_id, run_name=f"sweep-{sweep_dir.parent.name}-{sweep_dir.name}",
-                                tags={"ccexp.sweep": "true", "sweep_dir": str(sweep_dir.resolve()),
-                                      "overrides": overrides[:5000]})
+                return uri, client, run.info.run_id
+        name = f"sweep-{sweep_dir.parent.name}-{sweep_dir.name}"
+        run_id = start_run(client, config.logger.experiment, name, {
+            "ccexp.sweep": "true", "sweep_dir": str(sweep_dir.resolve()), "overrides": overrides[:5000]}, artifacts,
+            local=not store.is_server)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(record, json.dumps({"tracking_uri": uri, "parent_run_id": run.info.run_id}))
-        log.info("mlflow: sweep parent run %s (%s)", run.info.run_name, run.info.run_id)
-        return uri, run
+        write_text_atomic(record, json.dumps({"tracking_uri": uri, "parent_run_id": run_id}))
+        log.info("mlflow: sweep parent run %s (%s)", name, run_id)
+        return uri, client, run_id
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _ACTIVE
@@ -189,29 +207,38 @@ class MlflowSweepCallback(Callback):
             _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
 
     def _report(self, out: Path, options: DictConfig, unfinished: list[str]) -> None:
-        from mlflow import MlflowClient
-
         from ccexp.tracking.report import write_report
+        from ccexp.tracking.server import FallbackClient, unreachable
         from ccexp.tracking.verdict import verdict_lines
 
-        client = MlflowClient(self.uri)
-        files, comparison = write_report(client, parent_run_id=self.parent_id, out_dir=out, baseline=options.baseline,
-                                         min_effect=float(options.min_effect), power=float(options.power),
-                                         unfinished=unfinished)
+        try:  # the report reads the jobs' runs from the store
+            files, comparison = write_report(self.client, parent_run_id=self.parent_id, out_dir=out,
+                                             baseline=options.baseline, min_effect=float(options.min_effect),
+                                             power=float(options.power), unfinished=unfinished)
+        except Exception as e:  # noqa: BLE001
+            why = unreachable(e) if isinstance(self.client, FallbackClient) else None
+            if why is None:
+                raise
+            log.warning("report: the tracking server %s does not answer (%s), so the sweep's report was not written; "
+                        "once it is back: python -m ccexp.report --tracking-uri %s --parent %s --out %s", self.uri, why,
+                        self.uri, self.parent_id, out)
+            return
         for path in files:
-            client.log_artifact(self.parent_id, str(path), "report")
+            self.client.log_artifact(self.parent_id, str(path), "report")
         for line in verdict_lines(comparison, *comparison.verdict()):
             log.info("%s", line)
         log.info("report: %s", out / "report.md")
 
     def close(self, status: str) -> None:
-        """Mark the parent run ``status`` (FINISHED, FAILED or KILLED) and stop exporting its id."""
+        """Mark the parent run ``status`` (FINISHED, FAILED or KILLED) and stop exporting its id; on a tracking
+        server that went away, one line says where the parent's writes are (its FallbackClient)."""
         from ccexp.tracking.mlflow_run import PARENT_ENV
+        from ccexp.tracking.server import FallbackClient
 
         if self.parent_id is not None:
-            from mlflow import MlflowClient
-
-            MlflowClient(self.uri).set_terminated(self.parent_id, status)
+            self.client.set_terminated(self.parent_id, status)
+            if isinstance(self.client, FallbackClient):
+                self.client.close()
             self.parent_id = None
         os.environ.pop(PARENT_ENV, None)
 

@@ -1,0 +1,264 @@
+"""Which MLflow store a command uses and why, asked before any work; the store helpers every command shares.
+
+**Which store.** As MLflow's own clients decide it: an explicit setting (``logger.tracking_uri``, or
+``--tracking-uri`` / ``--store`` of ``ccexp.report`` and ``ccexp.ui``) wins, then ``MLFLOW_TRACKING_URI``,
+then ccexp's default, the SQLite store ``<paths.outputs>/mlflow.db`` (:func:`resolve_store`). Every
+command says which in its first lines (:meth:`Store.line`).
+
+**Checked first.** A tracking server (an ``http(s)://`` URI) is asked for one experiment before any stage
+runs (:func:`check_server`): one that does not answer, refuses the credentials or is not an MLflow server
+is one line, exit 2. :func:`unreachable` tells an error that says the server cannot be reached from any
+other.
+
+A SQLite store is created under a file lock (:func:`open_store`); :func:`ensure_experiment` makes the
+experiment a run goes to.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ccexp.errors import CcexpError
+
+log = logging.getLogger("ccexp")
+PROBE_TRIES, PROBE_TIMEOUT_S = 3, 10  # the pre-flight check: 3 tries (0 s, 2 s apart), 10 s each at most
+
+
+@dataclass(frozen=True)
+class Store:
+    """The tracking store a command uses: ``uri``; ``source``, the setting it came from
+    (``logger.tracking_uri``, ``MLFLOW_TRACKING_URI``, ``--tracking-uri``, ``--store`` or ``default``);
+    ``ignored``, an ``MLFLOW_TRACKING_URI`` that a setting overrode ('' if none)."""
+
+    uri: str
+    source: str
+    ignored: str = ""
+
+    @property
+    def is_server(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+    @property
+    def origin(self) -> str:
+        """Where the URI came from, as the store line and the error lines say it."""
+        if self.source == "default":
+            return "the default, <paths.outputs>/mlflow.db: neither logger.tracking_uri nor MLFLOW_TRACKING_URI is set"
+        if self.source == "default-cli":
+            return "the default, outputs/mlflow.db: neither --tracking-uri, --store nor MLFLOW_TRACKING_URI is set"
+        return f"from {self.source}" + (f"; MLFLOW_TRACKING_URI={self.ignored} is not used" if self.ignored else "")
+
+    def line(self, prefix: str = "mlflow") -> str:
+        return f"{prefix}: tracking store {self.uri} ({self.origin})"
+
+    def change(self, default_uri: str | None = None) -> str:
+        """How to point the command at another store."""
+        if self.source == "MLFLOW_TRACKING_URI":
+            return "point MLFLOW_TRACKING_URI at a server that runs" + (
+                f" (unset, the run logs to {default_uri})" if default_uri else ", or unset it")
+        if self.source == "logger.tracking_uri":
+            return "set logger.tracking_uri to a server that runs" + (
+                f" (unset, the run logs to {default_uri})" if default_uri else "")
+        return "pass the --tracking-uri of a server that runs"
+
+
+def resolve_store(configured: str | None, default_uri: str, source: str = "logger.tracking_uri") -> Store:
+    """The store of a command: ``configured`` (from ``source``) when set, else ``MLFLOW_TRACKING_URI`` when
+    set, else ``default_uri``; a relative ``sqlite:///`` path is made absolute (against the working folder,
+    where MLflow would open it)."""
+    env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if configured:
+        uri = absolute(configured)
+        return Store(uri, source, env if env and absolute(env) != uri else "")
+    if env:
+        return Store(absolute(env), "MLFLOW_TRACKING_URI")
+    return Store(default_uri, "default")
+
+
+def absolute(uri: str) -> str:
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    return uri
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """Why ``exc`` says the tracking server could not be reached — refused, timed out, or answering 5xx
+    to every one of MLflow's retries — in a few words; None for any other error (a request the server
+    refused, a bug), which is raised as it is."""
+    import requests
+
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, requests.exceptions.HTTPError):
+            status = getattr(e.response, "status_code", None)
+            return f"HTTP {status}" if status is not None and status >= 500 else None
+        if isinstance(e, requests.exceptions.RetryError):
+            found = re.search(r"too many (\d+) error responses", str(e))
+            return f"HTTP {found.group(1)} to every try" if found else "no good answer to any try"
+        if isinstance(e, requests.exceptions.Timeout) or (
+                isinstance(e, requests.exceptions.ConnectionError) and "timed out" in str(e).lower()):
+            return "timed out"
+        if isinstance(e, requests.exceptions.ConnectionError):
+            text = str(e).lower()
+            return ("connection refused" if "refused" in text else "host not found" if "resolve" in text or
+                    "name or service" in text else "connection lost" if "aborted" in text or "reset" in text
+                    else "cannot connect")
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def check_server(store: Store, default_uri: str | None = None) -> None:
+    """Ask the server of ``store`` for one experiment (3 tries, 10 s each at most, whatever MLflow's retry
+    settings), so a server that is down is known before any work.
+
+    Raises:
+        CcexpError: one line for a server that does not answer, refuses the credentials, or is not an
+            MLflow tracking server.
+    """
+    if not store.is_server:
+        return
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    head = f"the MLflow tracking server {store.uri} ({store.origin})"
+    started = time.monotonic()
+    pool = logging.getLogger("urllib3.connectionpool")
+    level = pool.level
+    pool.setLevel(logging.ERROR)  # its "Retrying ..." lines: the answer is this function's one line
+    try:
+        response = http_request(get_default_host_creds(store.uri), "/api/2.0/mlflow/experiments/search", "GET",
+                                params={"max_results": 1}, max_retries=PROBE_TRIES - 1, backoff_factor=1,
+                                backoff_jitter=0.0, timeout=PROBE_TIMEOUT_S, raise_on_status=False)
+    except Exception as e:  # noqa: BLE001 (requests' and MLflow's own errors: the line names the reason)
+        why = unreachable(e) or next((x for x in str(e).splitlines() if x.strip()), type(e).__name__)[:200]
+        raise CcexpError(f"{head} does not answer ({why}; {PROBE_TRIES} tries in {time.monotonic() - started:.0f} s): "
+                         f"start it, or {store.change(default_uri)}") from None
+    finally:
+        pool.setLevel(level)
+    if response.status_code in (401, 403):
+        raise CcexpError(f"{head} refused ccexp's request (HTTP {response.status_code}): give its credentials in "
+                         "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+    if response.status_code >= 500:
+        raise CcexpError(f"{head} does not answer (HTTP {response.status_code} to every try; {PROBE_TRIES} tries in "
+                         f"{time.monotonic() - started:.0f} s): start it, or {store.change(default_uri)}")
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    ok = response.status_code == 200 and isinstance(body, dict) and (not body or "experiments" in body)
+    if not ok:
+        raise CcexpError(f"{store.uri} ({store.origin}) is not an MLflow tracking server (HTTP {response.status_code} "
+                         "to GET /api/2.0/mlflow/experiments/search); give the server's own address, e.g. "
+                         "http://host:5000")
+
+
+def open_store(uri: str):
+    """An ``MlflowClient`` on ``uri``. A SQLite store is created and migrated under a file lock next to
+    it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema. A store this
+    call could not finish creating (a full disk) is removed, so none is left half-created; one left
+    half-created earlier (its schema migration cut short) is set aside and created anew when it holds
+    no run, or named in one line when it does.
+
+    Raises:
+        CcexpError: for a full disk, or a half-created store that holds runs.
+    """
+    from filelock import FileLock
+    from mlflow import MlflowClient
+
+    from ccexp.errors import disk_full_line
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # schema creation chatter
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(uri)
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock"):
+        for attempt in (1, 2):
+            existed = db.is_file()
+            try:
+                client = MlflowClient(uri)
+                client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables here
+                return client
+            except Exception as e:
+                line = disk_full_line(e, db.parent)
+                if not existed:  # this call's own half-made store: gone, so nothing looks complete
+                    for f in (db, Path(f"{db}-journal"), Path(f"{db}-wal"), Path(f"{db}-shm")):
+                        f.unlink(missing_ok=True)
+                if line is not None:
+                    raise CcexpError(line.replace("the disk holding", "the disk holding the MLflow store in", 1)
+                                     ) from None
+                if not existed or attempt == 2:
+                    raise
+                runs = _runs_in(db)
+                if runs:
+                    raise CcexpError(f"the MLflow store {db} cannot be opened ({str(e).splitlines()[0][:200]}) and "
+                                     f"holds {runs} run(s); restore it from a copy, or set logger.tracking_uri to a "
+                                     "new store") from None
+                aside = db.with_name(f"{db.name}.half-created-{time.strftime('%Y%m%d-%H%M%S')}")
+                _forget_engine(uri)  # MLflow keeps one engine per URI, still open on the file set aside
+                os.replace(db, aside)
+                log.warning("mlflow: the store %s was left half-created (%s) and held no run: set aside as %s and "
+                            "created anew", db, str(e).splitlines()[0][:160], aside.name)
+    raise AssertionError("unreachable")
+
+
+def _forget_engine(uri: str) -> None:
+    """Close and drop the SQLAlchemy engine MLflow's store class keeps for ``uri`` (its ``_engine_map``), so
+    the next client opens the file that is there now."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _runs_in(db: Path) -> int:
+    """Runs in a SQLite MLflow store read directly (0 when its tables cannot be read)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            return int(con.execute("select count(*) from runs").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+def ensure_experiment(client, name: str, artifact_location: str | Path | None, local: bool = True) -> str:
+    """The id of experiment ``name``, created if it does not exist, with its artifacts in
+    ``artifact_location`` (a folder or a URI; None: where the server puts them).
+
+    A new experiment is tagged a classic ML experiment (``mlflow.experimentKind =
+    custom_model_development``), so MLflow 3's UI opens it on the runs table rather than its GenAI
+    traces view; in a ``local`` store the empty ``Default`` experiment is removed so it does not sit
+    beside it (a team's server keeps its own).
+    """
+    from mlflow.exceptions import MlflowException
+
+    if artifact_location is not None and "://" not in str(artifact_location) and \
+            not str(artifact_location).startswith("mlflow-artifacts:"):
+        folder = Path(artifact_location).resolve()
+        if local:
+            folder.mkdir(parents=True, exist_ok=True)
+        artifact_location = folder.as_uri()
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        experiment_id = client.create_experiment(name, artifact_location=artifact_location,
+                                                 tags={"mlflow.experimentKind": "custom_model_development"})
+    except MlflowException as e:  # another run created it in the meantime
+        if unreachable(e) is not None:
+            raise
+        return client.get_experiment_by_name(name).experiment_id
+    if not local:
+        return experiment_id
+    default = client.get_experiment_by_name("Default")
+    if default is not None and default.lifecycle_stage == "active" and \
+            not client.search_runs([default.experiment_id], max_results=1):
+        client.delete_experiment(default.experiment_id)
+    return experiment_id
