@@ -206,7 +206,7 @@ class MlflowSweepCallback(Callback):
             os.environ.pop("CCEXP_SWEEP_ID", None)
             _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
 
-    def _report(self, out: Path, options: DictConfig, unfinished: list[str]) -> None:
+    def _report(self, out: Path, options: DictConfig, unfinished: list[str] = ()) -> None:
         from ccexp.tracking.report import write_report
         from ccexp.tracking.server import FallbackClient, unreachable
         from ccexp.tracking.verdict import verdict_lines
