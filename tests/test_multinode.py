@@ -310,7 +310,9 @@ def test_the_commands_in_the_docs_are_the_ones_tested():
     import shlex
 
     text = (ROOT / "docs" / "using.md").read_text()
-    section = re.sub(r"\\\n\s*", " ", text[text.index("### Two nodes"):])
+    start = text.index("### Two nodes")
+    end = text.find("\n### ", start + 1)
+    section = re.sub(r"\\\n\s*", " ", text[start:end if end > 0 else len(text)])
     documented = [shlex.split(line) for line in re.findall(r"^(?:torchrun|\.venv/bin/python) .*$", section, re.M)]
 
     def norm(args: list[str]) -> list[str]:

@@ -369,15 +369,16 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
     trainer = build_trainer(cfg, run_dir, loggers, [c for c in callbacks + [boundary] if c is not None], model)
     with contextlib.suppress(StoppedByCallback):  # its checkpoint is saved; the model at that step is evaluated
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
-    early = _stopped_early(trainer, boundary, int(cfg.train.steps))
     from lightning.pytorch.strategies import FSDPStrategy
 
     from ccexp.training.distributed import gather_full_model
 
     whole = gather_full_model(trainer, module) if isinstance(trainer.strategy, FSDPStrategy) else module.model
-    if "spawn" in str(cfg.trainer.strategy):
+    spawned, reached = "spawn" in str(cfg.trainer.strategy), int(trainer.global_step)
+    if spawned:
         # the ranks ran in child processes: take the sampler and stream state of the final checkpoint
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        reached = int(state.get("global_step", reached))
         dm.load_state_dict(state[type(dm).__qualname__])
         module.load_state_dict(state["state_dict"], strict=False)
         if average is not None:
@@ -385,16 +386,17 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
             average.load_state_dict(state["callbacks"][average.state_key])
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
                      group_field, group_names, groups, None if average is None else average.model,
-                     steps=int(trainer.global_step), **early)
+                     steps=reached, **_stopped_early(trainer, boundary, reached, int(cfg.train.steps), spawned))
 
 
-def _stopped_early(trainer, boundary: StopAtStepEnd, steps: int) -> dict:
-    """``{stopped_by, checkpoint}`` when a callback ended training before ``steps`` optimizer steps (the
-    checkpoint :class:`~ccexp.training.callbacks.StopAtStepEnd` saved), ``{}`` for a complete run."""
-    if trainer.global_step >= steps:
+def _stopped_early(trainer, boundary: StopAtStepEnd, reached: int, steps: int, spawned: bool) -> dict:
+    """``{stopped_by, checkpoint}`` when training ended after ``reached`` < ``steps`` optimizer steps (the
+    checkpoint :class:`~ccexp.training.callbacks.StopAtStepEnd` saved), ``{}`` for a complete run; ``spawned``:
+    the ranks ran in child processes (their checkpoint is the state; this process has none to save)."""
+    if reached >= steps:
         return {}
     by = boundary.by or "a callback"
-    log.warning("train: %s stopped training after step %d of %d; the run is incomplete", by, trainer.global_step, steps)
-    if boundary.stopped_at is None:  # stopped outside a training batch: the state as it is
+    log.warning("train: %s stopped training after step %d of %d; the run is incomplete", by, reached, steps)
+    if boundary.stopped_at is None and not spawned:  # stopped outside a training batch: the state as it is
         trainer.save_checkpoint(boundary.path, weights_only=False)
     return {"stopped_by": by, "checkpoint": str(boundary.path)}
