@@ -124,15 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped ccexp.ui stops its server too (finally)
     proc = None
     try:
-        from mlflow import MlflowClient
-
         from ccexp.tracking.report import cli_store
-        from ccexp.tracking.store import check_server
+        from ccexp.tracking.store import check_server, read_store
 
         store = cli_store(args.store, args.tracking_uri)
         check_server(store)
         print(store.line("ccexp.ui"), file=sys.stderr, flush=True)
-        experiment_id, key, metrics = compare_view(MlflowClient(store.uri), args.experiment, args.parent)
+        experiment_id, key, metrics = compare_view(read_store(store.uri), args.experiment, args.parent)
         if not args.no_server and not store.is_server:
             proc = serve(store.uri, args.host, args.port)
         print(f"ccexp.ui: the sweep's runs by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",

@@ -226,3 +226,70 @@ def test_c26_a_plan_near_k_equals_n_runs_and_a_negative_spread_is_one_line(tmp_p
         bad = subprocess.run([*base, "plan.clusters=10", "plan.documents=1000", setting], capture_output=True,
                              text=True, cwd=ROOT)
         assert one_line(bad, 2) == f"ccexp: error: {line}"
+
+
+# -- c19: a damaged store that holds runs is not taken for an empty one -------------------------------
+def _damaged_store(db):
+    """A store of 20 finished runs cut to its first half, as a cut-short copy leaves it."""
+    import os
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment = client.create_experiment("ccexp")
+    for i in range(20):
+        run = client.create_run(experiment, run_name=f"earlier-run-{i:02d}").info.run_id
+        for step in range(50):
+            client.log_metric(run, "eval/ppl", 100.0 - step, step=step)
+        client.set_terminated(run, "FINISHED")
+    from ccexp.tracking.store import _forget_engine
+
+    _forget_engine(f"sqlite:///{db}")
+    os.truncate(db, db.stat().st_size // 2)
+    return db.read_bytes()
+
+
+def test_c19_a_damaged_store_that_may_hold_runs_is_refused_in_one_line_and_left_untouched(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    before = _damaged_store(out / "mlflow.db")
+    line = one_line(ccexp(tmp_path, CORPUS, "train.steps=2"), 2)
+    assert f"the MLflow store {out / 'mlflow.db'} cannot be opened (" in line and "may hold runs; restore it " \
+        "from a copy, or set logger.tracking_uri to a new store" in line
+    assert (out / "mlflow.db").read_bytes() == before and not list(out.glob("mlflow.db.half-created-*"))
+    assert not (out / "cache").exists()  # refused before any stage
+
+
+@pytest.mark.parametrize("tool", ["ccexp.report", "ccexp.ui"])
+def test_c19_the_readers_of_a_damaged_store_say_so_in_one_line(tmp_path, tool):
+    import subprocess
+    import sys
+
+    db = tmp_path / "mlflow.db"
+    before = _damaged_store(db)
+    proc = subprocess.run([sys.executable, "-m", tool, "--store", str(db)] + (["--no-server"] if tool == "ccexp.ui"
+                                                                              else []),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{tool}: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "cannot be opened (" in errors[0] and "may hold runs" in errors[0]
+    assert db.read_bytes() == before
+
+
+def test_c19_only_a_store_shown_to_hold_no_run_counts_as_empty(tmp_path):
+    import shutil
+    import sqlite3
+
+    from ccexp.tracking.store import _runs_in
+
+    assert _runs_in(CASES / "half-created-mlflow.db") == (0, "")  # its migration cut short: readable, no run
+    _damaged_store(tmp_path / "cut.db")
+    assert _runs_in(tmp_path / "cut.db")[0] is None  # damaged: cannot be told
+    (tmp_path / "noise.db").write_bytes(b"not a database at all" * 100)
+    assert _runs_in(tmp_path / "noise.db") == (None, "file is not a database")
+    shutil.copy(CASES / "half-created-mlflow.db", tmp_path / "two.db")
+    with sqlite3.connect(tmp_path / "two.db") as con:
+        con.execute("drop table runs")
+        con.execute("create table runs (run_uuid text)")
+        con.executemany("insert into runs values (?)", [("a",), ("b",)])
+    assert _runs_in(tmp_path / "two.db") == (2, "")

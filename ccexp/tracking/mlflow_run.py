@@ -38,18 +38,24 @@ def run_store(uri: str | None, outputs: Path):
 
 
 def check_store(logger_cfg, outputs: Path) -> None:
-    """Say which store a run uses and where that came from (its first line), and check a server answers.
+    """Say which store a run uses and where that came from (its first line), and check a server answers; only
+    rank 0 of a torchrun/srun launch, which alone records the run.
 
     Raises:
-        CcexpError: for a server that does not answer (:func:`ccexp.tracking.server.check_server`).
+        CcexpError: for a server that does not answer (:func:`ccexp.tracking.server.check_server`), or a
+            SQLite store that cannot be read (:func:`ccexp.tracking.store.check_sqlite`).
     """
-    if not logger_cfg.enabled:
+    from ccexp.embedding.shards import launch_rank
+
+    if not logger_cfg.enabled or launch_rank()[0] != 0:  # the other ranks of a launch open no store
         return
-    from ccexp.tracking.store import check_server
+    from ccexp.tracking.store import check_server, check_sqlite
 
     store = run_store(logger_cfg.tracking_uri, outputs)
     log.info("%s", store.line())
     check_server(store, default_uri=str((outputs / "mlflow.db").resolve()))
+    if store.uri.startswith("sqlite:///"):
+        check_sqlite(Path(store.uri[len("sqlite:///"):]))
 
 
 def slurm_job_id() -> str | None:

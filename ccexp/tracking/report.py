@@ -509,14 +509,12 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 < args.min_effect < 1 or not 0 < args.power < 1:
         ap.error(f"--min-effect={args.min_effect} and --power={args.power} must be in (0, 1)")
     try:
-        from mlflow import MlflowClient
-
-        from ccexp.tracking.store import check_server
+        from ccexp.tracking.store import check_server, read_store
 
         store = cli_store(args.store, args.tracking_uri)
         check_server(store)
         print(store.line("ccexp.report"), file=sys.stderr)
-        client = MlflowClient(store.uri)
+        client = read_store(store.uri)
         parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
         # beside the store it reads (outputs/reports/ for outputs/mlflow.db), not in the working folder
         home = Path(store.uri[len("sqlite:///"):]).parent if store.uri.startswith("sqlite:///") else Path("outputs")

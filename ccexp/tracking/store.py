@@ -160,11 +160,12 @@ def open_store(uri: str):
     """An ``MlflowClient`` on ``uri``. A SQLite store is created and migrated under a file lock next to
     it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema. A store this
     call could not finish creating (a full disk) is removed, so none is left half-created; one left
-    half-created earlier (its schema migration cut short) is set aside and created anew when it holds
-    no run, or named in one line when it does.
+    half-created earlier (its schema migration cut short) is set aside and created anew when it is shown
+    to hold no run (a readable file without runs), or named in one line when it holds runs or cannot be
+    read (a damaged file: :func:`damaged_line`), and left untouched.
 
     Raises:
-        CcexpError: for a full disk, or a half-created store that holds runs.
+        CcexpError: for a full disk, or a store that cannot be opened and holds runs or may hold them.
     """
     from filelock import FileLock
     from mlflow import MlflowClient
@@ -194,11 +195,9 @@ def open_store(uri: str):
                                      ) from None
                 if not existed or attempt == 2:
                     raise
-                runs = _runs_in(db)
-                if runs:
-                    raise CcexpError(f"the MLflow store {db} cannot be opened ({str(e).splitlines()[0][:200]}) and "
-                                     f"holds {runs} run(s); restore it from a copy, or set logger.tracking_uri to a "
-                                     "new store") from None
+                runs, why = _runs_in(db)
+                if runs != 0:  # only a store shown to hold no run is set aside
+                    raise CcexpError(damaged_line(db, why or str(e), runs)) from None
                 aside = db.with_name(f"{db.name}.half-created-{time.strftime('%Y%m%d-%H%M%S')}")
                 _forget_engine(uri)  # MLflow keeps one engine per URI, still open on the file set aside
                 os.replace(db, aside)
@@ -217,15 +216,64 @@ def _forget_engine(uri: str) -> None:
         engine.dispose()
 
 
-def _runs_in(db: Path) -> int:
-    """Runs in a SQLite MLflow store read directly (0 when its tables cannot be read)."""
+def _runs_in(db: Path) -> tuple[int | None, str]:
+    """Runs in a SQLite MLflow store read directly, and why they cannot be counted: ``(n, "")``, ``(0, "")``
+    for a store without a runs table (its schema migration cut short before it), ``(None, reason)`` when
+    that cannot be told (a damaged file: SQLite's quick check fails or the table cannot be read), so a
+    damaged store that may hold runs is never taken for an empty one."""
     import sqlite3
 
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-            return int(con.execute("select count(*) from runs").fetchone()[0])
-    except sqlite3.Error:
-        return 0
+            check = con.execute("pragma quick_check(1)").fetchone()[0]
+            if check != "ok":
+                return None, f"SQLite's check: {check}"
+            if not con.execute("select 1 from sqlite_master where type = 'table' and name = 'runs'").fetchone():
+                return 0, ""
+            return int(con.execute("select count(*) from runs").fetchone()[0]), ""
+    except sqlite3.Error as e:
+        return None, str(e)
+
+
+def damaged_line(db: Path, why: str, runs: int | None) -> str:
+    """The line for a SQLite store that cannot be opened (``why``) and holds ``runs`` runs (None: may hold some)."""
+    held = "may hold runs" if runs is None else f"holds {runs} run(s)"
+    return (f"the MLflow store {db} cannot be opened ({why.splitlines()[0][:200] if why else 'unreadable'}) and "
+            f"{held}; restore it from a copy, or set logger.tracking_uri to a new store")
+
+
+def check_sqlite(db: Path) -> None:
+    """Refuse, before any stage, a SQLite store file that cannot be read (a store left half-created is
+    readable, and set aside later by :func:`open_store` when it holds no run).
+
+    Raises:
+        CcexpError: for a damaged file (:func:`damaged_line`).
+    """
+    if db.is_file() and db.stat().st_size:
+        runs, why = _runs_in(db)
+        if runs is None:
+            raise CcexpError(damaged_line(db, why, None))
+
+
+def read_store(uri: str):
+    """An ``MlflowClient`` on an existing store, for a reader (``ccexp.report``, ``ccexp.ui``): nothing is
+    created, migrated or set aside.
+
+    Raises:
+        CcexpError: for a SQLite store that cannot be opened (:func:`damaged_line`).
+    """
+    from mlflow import MlflowClient
+
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(uri)
+    db = Path(uri[len("sqlite:///"):])
+    check_sqlite(db)
+    try:
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 (SQLAlchemy's and MLflow's own types for a damaged file)
+        raise CcexpError(damaged_line(db, str(e), _runs_in(db)[0])) from None
+    return client
 
 
 def ensure_experiment(client, name: str, artifact_location: str | Path | None, local: bool = True) -> str:
