@@ -65,10 +65,12 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
         check_options(cfg.curate.dedup.threshold, cfg.curate.dedup.keep)
     for group in _GROUPS_WITH_TARGETS:
         check_buildable(cfg[group], group)
+    built = {}
     for group, entries in (("callbacks", cfg.callbacks), ("logger.loggers", cfg.logger.loggers)):
         for name, entry in (entries or {}).items():
             if entry is not None:
-                _check_extra(entry, f"{group}.{name}")
+                built[f"{group}.{name}"] = _check_extra(entry, f"{group}.{name}")
+    _check_callbacks_have_a_logger(cfg, built)
     if cfg.train.on_nonfinite not in ("stop", "skip_batch"):
         raise CcexpError(f"train.on_nonfinite={cfg.train.on_nonfinite!r} is not an option; use stop or skip_batch")
     _check_trainer(cfg)
@@ -80,17 +82,31 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     _check_outputs(cfg)
 
 
-def _check_extra(entry: DictConfig, key: str) -> None:
+def _check_extra(entry: DictConfig, key: str):
     """A callback or logger entry is built now (they are cheap to make), so a value its class refuses is one
-    line before any stage, not a traceback when training starts."""
+    line before any stage, not a traceback when training starts; returns what was built."""
     check_buildable(entry, key)
     try:
-        build(entry, key)
+        return build(entry, key)
     except CcexpError:
         raise
     except Exception as e:  # noqa: BLE001 (each library's own exception: the line names the entry)
         line = next((x for x in str(e).splitlines() if x.strip()), type(e).__name__)
         raise CcexpError(f"{key}: {line.strip()}") from None
+
+
+def _check_callbacks_have_a_logger(cfg: DictConfig, built: dict) -> None:
+    """A callback that writes to the loggers (Lightning's LearningRateMonitor and DeviceStatsMonitor refuse a
+    trainer without one when training starts) in a run with none (``logger=none`` and no ``logger.loggers``)
+    is one line here, before any stage."""
+    from lightning.pytorch.callbacks import DeviceStatsMonitor, LearningRateMonitor
+
+    if cfg.logger.enabled or any(k.startswith("logger.loggers.") for k in built):
+        return
+    for key, callback in built.items():
+        if isinstance(callback, (LearningRateMonitor, DeviceStatsMonitor)):
+            raise CcexpError(f"{key} ({type(callback).__name__}) writes to a logger and logger={cfg.logger.name} has "
+                             "none; use logger=mlflow or logger=tensorboard, or drop the callback (callbacks=none)")
 
 
 def _check_outputs(cfg: DictConfig) -> None:

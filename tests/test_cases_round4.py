@@ -293,3 +293,12 @@ def test_c19_only_a_store_shown_to_hold_no_run_counts_as_empty(tmp_path):
         con.execute("create table runs (run_uuid text)")
         con.executemany("insert into runs values (?)", [("a",), ("b",)])
     assert _runs_in(tmp_path / "two.db") == (2, "")
+
+
+# -- c20: a callback that needs a logger, in a run without one ----------------------------------------
+@pytest.mark.parametrize("callback,cls", [("lr_monitor", "LearningRateMonitor"), ("device_stats", "DeviceStatsMonitor")])
+def test_c20_a_callback_that_writes_to_a_logger_without_one_is_one_line_before_any_stage(tmp_path, callback, cls):
+    line = one_line(ccexp(tmp_path, CORPUS, "logger=none", f"callbacks={callback}"), 2)
+    assert line == (f"ccexp: error: callbacks.{callback} ({cls}) writes to a logger and logger=none has none; use "
+                    "logger=mlflow or logger=tensorboard, or drop the callback (callbacks=none)")
+    assert not (tmp_path / "out" / "cache").exists()  # pre-flight: no stage ran
