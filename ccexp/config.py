@@ -225,7 +225,8 @@ class DataConfig:
     # labelled `source`; weight (optional, all or none): the target share of training tokens each source gets
     sources: list = setting(default_factory=list)
     drop_empty: bool = True  # skip documents whose text is empty (counted in a warning)
-    max_documents: Optional[int] = ge(1, None)  # read a hash-chosen subsample of this many documents; null = all
+    # a hash-chosen subsample of this many documents of the corpus (all data.sources together); null = all
+    max_documents: Optional[int] = ge(1, None)
     heldout_fraction: float = setting(0.05)  # in (0, 1): documents held out by a hash of their id
     # a field of label_fields: each of its values gets at least heldout_min_per_value held-out documents (at most
     # half of its documents), so a rare value's held-out perplexity rests on more than a handful; null = off

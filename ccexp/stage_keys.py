@@ -145,8 +145,10 @@ def _settings(node: DictConfig, drop: tuple[str, ...]) -> dict:
 def corpus_key(data: DictConfig, source_digest: str) -> tuple[dict, dict]:
     """(settings, inputs) of the corpus stage: ``data.*`` but its name, path and sources; the source's bytes (for
     a URL, :func:`object_digest` of its objects; for ``data.sources``, each source's name and digest, in order:
-    their weights only steer the sampler)."""
-    return _settings(data, ("name", "path", "sources")), {"file": source_digest}
+    their weights only steer the sampler). ``data.max_documents`` over several sources subsamples the corpus
+    as one (before it subsampled each source: such a cached corpus is not reused)."""
+    over = {"max_documents_of": "corpus"} if data.get("sources") and data.get("max_documents") else {}
+    return _settings(data, ("name", "path", "sources")), {"file": source_digest, **over}
 
 
 def embed_key(embedder: DictConfig, corpus_content: str, model: str | None) -> tuple[dict, dict]:

@@ -24,7 +24,7 @@ from ccexp import stage_keys as keys
 from ccexp.artifacts import StageStore
 from ccexp.build import build
 from ccexp.clustering.kmeans import Clustering, Level
-from ccexp.data.corpus import BUILTIN_PATH, Corpus
+from ccexp.data.corpus import BUILTIN_PATH, Corpus, subsample
 from ccexp.data.remote import RemoteSource, local_or_url
 from ccexp.data.sources import SOURCE_FIELD, source_batches, source_names
 from ccexp.data.split import TrainSplit
@@ -123,6 +123,12 @@ class Stages:
         digest = "+".join(f"{name}:{digest}" if name else digest for name, _, _, digest in readers)
         batches = readers[0][1].batches if not d.sources else partial(source_batches, [
             (name, reader.batches) for name, reader, _, _ in readers])
+        if d.sources and d.max_documents:  # the corpus's subsample, over all sources (each reader reads all)
+            def read(warn: bool):
+                return source_batches([(name, partial(reader.batches, warn=warn)) for name, reader, _, _ in readers],
+                                      65536)
+
+            batches = partial(subsample, read, int(d.max_documents))
         fp = keys.stage_fingerprint("corpus", *keys.corpus_key(d, digest))
 
         def produce(tmp: Path) -> dict:
@@ -150,7 +156,8 @@ class Stages:
         d = self.data
         if d.sources:
             fields = [f for f in d.label_fields if f != SOURCE_FIELD]
-            entries = [(name, str(s["path"]), {"label_fields": fields}, f"data.sources[{i}].path")
+            whole = {"label_fields": fields, "max_documents": None}  # data.max_documents: of the corpus, below
+            entries = [(name, str(s["path"]), whole, f"data.sources[{i}].path")
                        for i, (name, s) in enumerate(zip(source_names(d.sources), d.sources))]
         else:
             entries = [("", d.path, {}, "data.path")]

@@ -302,3 +302,44 @@ def test_c20_a_callback_that_writes_to_a_logger_without_one_is_one_line_before_a
     assert line == (f"ccexp: error: callbacks.{callback} ({cls}) writes to a logger and logger=none has none; use "
                     "logger=mlflow or logger=tensorboard, or drop the callback (callbacks=none)")
     assert not (tmp_path / "out" / "cache").exists()  # pre-flight: no stage ran
+
+
+# -- c25: data.max_documents over several sources ----------------------------------------------------
+def test_c25_max_documents_subsamples_the_corpus_of_all_sources_together(tmp_path):
+    import json
+
+    from conftest import run_ccexp
+
+    rows = [json.loads(line) for line in (CASES / CORPUS).read_text().splitlines()]
+    paths = []
+    for domain in ("cooking", "astronomy", "finance"):  # 151, 90 and 44 documents
+        paths.append(tmp_path / f"{domain}.jsonl")
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in rows if r["domain"] == domain))
+    sources = "[" + ", ".join(f"{{path: {p}}}" for p in paths) + "]"
+    proc = run_ccexp("debug=tiny", "data=sources", "data.max_documents=50", "data.label_fields=[source,domain]",
+                     f"data.sources={sources}", "train.max_doc_tokens=64", "eval.max_tokens=63", "logger=none",
+                     "train.steps=2", f"paths.outputs={tmp_path / 'out'}", cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"corpus: 50 docs \(\d+ held out\)", proc.stdout + proc.stderr), (proc.stdout + proc.stderr)[-3000:]
+    from ccexp.data.store import open_corpus
+
+    corpus = open_corpus(next((tmp_path / "out" / "cache" / "corpus").glob("[!.]*")))
+    sources_kept = {i.split("/")[0] for i in corpus.ids}
+    assert len(corpus.ids) == 50 and sources_kept == {"cooking", "astronomy", "finance"}
+
+
+def test_c25_the_subsample_of_several_sources_is_the_subsample_of_their_union():
+    """The kind: one subsample over the corpus, whatever the split into sources (ids ``<source>/<id>``)."""
+    from ccexp.data.corpus import CorpusBatch, id_hash, subsample
+
+    ids = [f"s{i % 3}/d{i}" for i in range(500)]
+
+    def read(warn, size=64):
+        for start in range(0, len(ids), size):
+            part = ids[start:start + size]
+            yield CorpusBatch(list(part), [f"text {i}" for i in part], {"source": [i[:2] for i in part]}, None)
+
+    kept = [i for b in subsample(read, 120, 50) for i in b.ids]
+    smallest = set(np.array(ids)[np.argsort(id_hash(ids, "subsample"), kind="stable")[:120]])
+    assert len(kept) == 120 and set(kept) == smallest and kept == [i for i in ids if i in smallest]
+    assert [len(b.ids) for b in subsample(read, 120, 50)] == [50, 50, 20]

@@ -13,7 +13,7 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -191,6 +191,30 @@ class CorpusBatch:
             values.append(labels[name])
 
 
+def subsample(read: Callable[[bool], Iterator[CorpusBatch]], max_documents: int,
+              documents: int) -> Iterator[CorpusBatch]:
+    """The ``max_documents`` documents of a corpus with the smallest hash of their id (a subsample that
+    does not depend on the order), in their order, in batches of ``documents``. ``read(warn)`` yields the
+    whole corpus's validated batches and is called twice: first for the ids (``warn=False``), then for
+    the documents kept. A multi-source corpus is subsampled as one (its ids ``<source>/<id>``)."""
+    hashes = np.concatenate([id_hash(b.ids, "subsample") for b in read(False)])
+    keep = np.zeros(hashes.size, dtype=bool)
+    keep[np.argsort(hashes, kind="stable")[:max_documents]] = True
+    out, seen = None, 0
+    for b in read(True):
+        if out is None:
+            out = CorpusBatch([], [], {k: [] for k in b.labels}, [] if b.prompt_chars is not None else None)
+        for k in np.flatnonzero(keep[seen:seen + len(b.texts)]).tolist():
+            out.add(b.ids[k], b.texts[k], b.prompt_chars[k] if b.prompt_chars is not None else 0,
+                    {name: values[k] for name, values in b.labels.items()})
+            if len(out.texts) == documents:
+                yield out
+                out = CorpusBatch([], [], {k: [] for k in out.labels}, [] if out.prompt_chars is not None else None)
+        seen += len(b.texts)
+    if out is not None and out.texts:
+        yield out
+
+
 class CorpusReader:
     """A corpus on disk, read in batches: a JSON-lines file (optionally gzip), a Parquet file, or a
     Hugging Face ``datasets`` folder written by ``save_to_disk`` (``format=hf_disk``: read with
@@ -316,29 +340,17 @@ class CorpusReader:
             return None, prompt
         return text, prompt
 
-    def batches(self, documents: int = 65536) -> Iterator[CorpusBatch]:
-        """The corpus in batches of ``documents`` (the last may be shorter), after ``max_documents``.
+    def batches(self, documents: int = 65536, warn: bool = True) -> Iterator[CorpusBatch]:
+        """The corpus in batches of ``documents`` (the last may be shorter), after ``max_documents``
+        (``warn``: log the empty documents dropped).
 
         Raises:
             CcexpError: see :meth:`_validated` and the format readers.
         """
         if self.max_documents is None:
-            yield from self._validated(documents)
+            yield from self._validated(documents, warn=warn)
             return
-        hashes = np.concatenate([id_hash(b.ids, "subsample") for b in self._validated(65536, warn=False)])
-        keep = np.zeros(hashes.size, dtype=bool)
-        keep[np.argsort(hashes, kind="stable")[:self.max_documents]] = True
-        out, seen = self._new_batch(), 0
-        for b in self._validated(65536):
-            for k in np.flatnonzero(keep[seen:seen + len(b.texts)]).tolist():
-                out.add(b.ids[k], b.texts[k], b.prompt_chars[k] if b.prompt_chars is not None else 0,
-                        {name: values[k] for name, values in b.labels.items()})
-                if len(out.texts) == documents:
-                    yield out
-                    out = self._new_batch()
-            seen += len(b.texts)
-        if out.texts:
-            yield out
+        yield from subsample(lambda warn: self._validated(65536, warn=warn), self.max_documents, documents)
 
     def read(self) -> Corpus:
         """The whole corpus in memory (small corpora and tests; the corpus stage streams :meth:`batches`)."""
