@@ -84,12 +84,35 @@ def view_address(host: str, port: int, experiment_id: str, key: str, base: str |
     return f"{root}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a port something already listens on (as the server would bind it: SO_REUSEADDR, so a port
+    left in TIME_WAIT by an earlier UI is free).
+
+    Raises:
+        CcexpError: naming the port and what to pass instead.
+    """
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise CcexpError(f"port {port} on {host} is in use ({e.strerror}): another server (an earlier ccexp.ui?) "
+                             "listens there; stop it, or pass --port with a free port") from None
+
+
 def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.Popen:
     """Start ``mlflow server`` on the tracking URI ``uri`` and wait until it answers ``/health``.
 
+    The port must be free: another server answering ``/health`` there (a ccexp.ui left open on another
+    store) would be taken for this one, so a port in use is refused first, and only an answer while the
+    child still runs counts.
+
     Raises:
-        CcexpError: when it exits or does not answer within ``wait_s`` seconds (for example a port in use).
+        CcexpError: for a port in use, or a server that exits or does not answer within ``wait_s`` seconds.
     """
+    _check_port_free(host, port)
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host,
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + wait_s
@@ -100,7 +123,7 @@ def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.P
                              + (f": {tail[0].strip()}" if tail else "") + "; is the port in use? pass --port")
         try:
             with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
-                if r.status == 200:
+                if r.status == 200 and proc.poll() is None:
                     return proc
         except OSError:
             time.sleep(0.5)

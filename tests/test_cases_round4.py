@@ -343,3 +343,40 @@ def test_c25_the_subsample_of_several_sources_is_the_subsample_of_their_union():
     smallest = set(np.array(ids)[np.argsort(id_hash(ids, "subsample"), kind="stable")[:120]])
     assert len(kept) == 120 and set(kept) == smallest and kept == [i for i in ids if i in smallest]
     assert [len(b.ids) for b in subsample(read, 120, 50)] == [50, 50, 20]
+
+
+# -- c29: ccexp.ui on a port another server holds ------------------------------------------------------
+def test_c29_ui_on_a_port_another_server_answers_is_one_line_and_starts_nothing(tmp_path, capsys):
+    """Another HTTP server answering ``/health`` with 200 on the port (as a ccexp.ui left open for another store
+    does): the UI must not take it for its own server, print an address and exit later without a word."""
+    import http.server
+    import threading
+
+    from test_ui import sweep_store
+
+    from ccexp.ui import main
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    port = other.server_address[1]
+    sweep_store(tmp_path)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["--store", str(tmp_path / "mlflow.db"), "--port", str(port)])
+    finally:
+        other.shutdown()
+        other.server_close()
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and "MLflow UI running" not in captured.out and "http://" not in captured.out
+    errors = [ln for ln in captured.err.splitlines() if ln.startswith("ccexp.ui: error:")]
+    assert errors == [f"ccexp.ui: error: port {port} on 127.0.0.1 is in use (Address already in use): another "
+                      "server (an earlier ccexp.ui?) listens there; stop it, or pass --port with a free port"]
