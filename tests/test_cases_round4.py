@@ -380,3 +380,48 @@ def test_c29_ui_on_a_port_another_server_answers_is_one_line_and_starts_nothing(
     errors = [ln for ln in captured.err.splitlines() if ln.startswith("ccexp.ui: error:")]
     assert errors == [f"ccexp.ui: error: port {port} on 127.0.0.1 is in use (Address already in use): another "
                       "server (an earlier ccexp.ui?) listens there; stop it, or pass --port with a free port"]
+
+
+# -- c24: a sweep extended with another setting ------------------------------------------------------
+def test_c24_a_sweep_extended_with_another_setting_compares_one_configuration_and_names_the_rest(tmp_path):
+    sweep = tmp_path / "out" / "multirun" / "sweep"
+    args = ("-m", "train.steps=6", "sampler=random,uniform", f"hydra.sweep.dir={sweep}")
+    first = ccexp(tmp_path, CORPUS, *args, "seed=0")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = ccexp(tmp_path, CORPUS, *args, "seed=0,1", "train.lr=0.001")  # the same folder, another train.lr
+    assert second.returncode == 0, second.stderr[-3000:]
+    report = (sweep / "report" / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| eval/ppl_macro |"))
+    assert row.count("(n=2)") == 2  # each arm: seeds 0 and 1 at train.lr=0.001 only
+    notes = [line for line in report.splitlines() if line.startswith("Note: 2 run(s) left out")]
+    assert len(notes) == 1 and "(train.lr=0.002 where the newest run has 0.001)" in notes[0]
+    assert re.search(r"random-\S+-s0-\S+, uniform-\S+-s0-\S+; they are not averaged", notes[0])
+
+
+def test_c24_one_configuration_keeps_the_newest_runs_settings_per_arm(tmp_path):
+    """The kind, on a real store: runs that differ in a shared setting or in their own arm's settings are left
+    out; seeds and where a run is recorded are not configuration."""
+    from mlflow import MlflowClient
+
+    from ccexp.tracking.report import one_configuration
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("ccexp")
+
+    def run(name, sampler, **params):
+        r = client.create_run(exp, run_name=name, tags={"sampler": sampler}).info.run_id
+        for k, v in {"sampler.name": sampler, "train.lr": "0.001", "sampler.clip_threshold": "2", **params}.items():
+            client.log_param(r, k, v)
+        client.set_terminated(r)
+        return name
+
+    run("old-lr", "random", seed="0", **{"train.lr": "0.002"})
+    run("old-clip", "clusterclip", seed="0", **{"sampler.clip_threshold": "5"})
+    kept = [run(f"{s}-s{i}", s, seed=str(i), **{"paths.outputs": f"/o{i}", "train.init_seed": str(i)})
+            for i in range(2) for s in ("random", "clusterclip")]
+    runs = client.search_runs([exp], max_results=100)
+    mine, notes = one_configuration(runs, "sampler")
+    assert sorted(r.info.run_name for r in mine) == sorted(kept)
+    assert len(notes) == 1 and notes[0].startswith("2 run(s) left out") and "old-clip, old-lr" in notes[0]
+    assert "sampler.clip_threshold=5 where the newest run has 2" in notes[0] and "train.lr=0.002" in notes[0]
+    assert one_configuration(mine, "sampler") == (mine, [])

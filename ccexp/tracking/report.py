@@ -129,6 +129,7 @@ class Comparison:
     @classmethod
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,
            **options) -> "Comparison":
+        runs, left_out = one_configuration(runs, group_by)
         groups: dict[str, list] = {}
         for r in runs:
             groups.setdefault(r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?")), []).append(r)
@@ -138,7 +139,7 @@ class Comparison:
         found = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _PATTERNS)}
                        | _label_values_without_documents(runs),
                        key=lambda k: (k not in HEADLINE, HEADLINE.index(k) if k in HEADLINE else 0, k))
-        notes = _identical_streams(runs, group_by)
+        notes = _identical_streams(runs, group_by) + left_out
         partitions = {_fingerprint(r, "cluster") for r in runs} - {None}
         if len(partitions) > 1:
             notes.append(f"the runs were clustered {len(partitions)} different ways (clusterer.seed or the clusterer's "
@@ -296,6 +297,63 @@ def _label_values_without_documents(runs: list) -> set[str]:
                 head, _, name = k.rpartition("/")
                 out.add(f"eval/ppl_{head[len('eval/heldout_docs_'):]}/{name}")
     return out
+
+
+# params that are not the experiment's configuration: the seeds (what a sweep repeats over) and where and how a
+# run is recorded or resumed
+_NOT_CONFIGURATION = re.compile(r"(^|\.)(seed|init_seed)$|^(logger|paths)\.|^train\.resume_from$|"
+                                r"^trainer\.enable_progress_bar$")
+
+
+def _configuration(run, group_by: str, arm: bool) -> frozenset:
+    """A run's configuration apart from its seeds: its params but the seeds and the recording's; without the
+    ``group_by`` group's own (``arm=False``: what the arms share) or with only them (``arm=True``)."""
+    own = f"{group_by}."
+    return frozenset((k, v) for k, v in run.data.params.items()
+                     if not _NOT_CONFIGURATION.search(k) and k.startswith(own) == arm)
+
+
+def one_configuration(runs: list, group_by: str) -> tuple[list, list[str]]:
+    """The runs of one configuration apart from their seeds, and a note naming the runs left out.
+
+    A comparison averages each arm's runs over seeds and pairs them by seed, so every run must share the
+    configuration of the newest run (a sweep folder extended with another ``train.lr``, or ``--all-runs`` over
+    runs of several settings), and within an arm its newest run's settings of that arm (``sampler.*``).
+
+    Returns:
+        (the runs kept, in their order; [] or one note naming the runs left out and the settings that differ).
+    """
+    if not runs:
+        return runs, []
+
+    def started(r) -> int:
+        return getattr(getattr(r, "info", None), "start_time", None) or 0
+
+    newest = max(runs, key=started)
+    shared = _configuration(newest, group_by, arm=False)
+    arms: dict[str, frozenset] = {}
+    for r in sorted(runs, key=started):  # the newest run of each arm last
+        arms[r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?"))] = _configuration(r, group_by, True)
+    kept, out, differ = [], [], {}
+    for r in runs:
+        arm = r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?"))
+        mine = _configuration(r, group_by, False) | _configuration(r, group_by, True)
+        ref = shared | arms[arm]
+        if mine == ref:
+            kept.append(r)
+            continue
+        out.append(r.info.run_name or r.info.run_id)
+        theirs, ours = dict(mine), dict(ref)
+        for k in sorted(set(theirs) ^ set(ours) | {k for k in theirs if k in ours and theirs[k] != ours[k]}):
+            differ.setdefault(k, (set(), ours.get(k, "unset")))[0].add(theirs.get(k, "unset"))
+    if not out:
+        return kept, []
+    settings = "; ".join(f"{k}={', '.join(sorted(v))} where the newest run has {new}"
+                         for k, (v, new) in list(differ.items())[:5]) + ("; ..." if len(differ) > 5 else "")
+    names = ", ".join(sorted(out)[:10]) + (f" and {len(out) - 10} more" if len(out) > 10 else "")
+    return kept, [f"{len(out)} run(s) left out, of another configuration than the newest run's ({settings}): "
+                  f"{names}; they are not averaged or paired with the others (compare them in a sweep folder of "
+                  "their own)"]
 
 
 def _identical_streams(runs: list, group_by: str) -> list[str]:
