@@ -425,3 +425,14 @@ def test_c24_one_configuration_keeps_the_newest_runs_settings_per_arm(tmp_path):
     assert len(notes) == 1 and notes[0].startswith("2 run(s) left out") and "old-clip, old-lr" in notes[0]
     assert "sampler.clip_threshold=5 where the newest run has 2" in notes[0] and "train.lr=0.002" in notes[0]
     assert one_configuration(mine, "sampler") == (mine, [])
+
+
+# -- train.passes that derives billions of steps --------------------------------------------------------
+def test_train_passes_that_derive_more_than_a_million_steps_are_one_line_before_embedding(tmp_path):
+    line = one_line(ccexp(tmp_path, CORPUS, "logger=none", "train.passes=1e9"), 2)
+    assert re.fullmatch(r"ccexp: error: train\.passes=1e\+09 over the [\d,]+ tokens of \d+ training documents is "
+                        r"[\d,]+ steps of 512 tokens, more than 1,000,000; give fewer passes, or set train\.max_steps "
+                        r"to the steps to run", line), line
+    assert not list((tmp_path / "out" / "cache").glob("embed/*"))  # before any embedding
+    capped = ccexp(tmp_path, CORPUS, "logger=none", "train.passes=1e9", "train.max_steps=2")  # asked for: it runs
+    assert capped.returncode == 0 and "(capped by train.max_steps" in capped.stdout + capped.stderr, capped.stderr[-2000:]

@@ -86,6 +86,9 @@ def sampler_over(sampler: DictConfig, train: DictConfig, labels: np.ndarray, siz
                          source_names=names, **shared)
 
 
+PASSES_STEP_LIMIT = 1_000_000  # steps train.passes may derive without train.max_steps
+
+
 def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCorpus, mask: np.ndarray) -> None:
     """Once the corpus is tokenized, before any embedding: ``train.passes`` (the budget in passes over the
     training tokens) becomes ``train.steps``, and a budget the data cannot supply is refused — the
@@ -99,13 +102,20 @@ def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCo
         mask: bool[N], the training documents.
 
     Raises:
-        CcexpError: when the budget is more than the sampler can supply.
+        CcexpError: when the budget is more than the sampler can supply, or ``train.passes`` derives more than
+            :data:`PASSES_STEP_LIMIT` steps without ``train.max_steps``.
     """
+    from ccexp.errors import CcexpError
+
     docs = np.flatnonzero(mask)
     lengths = tokenized.lengths(docs)
     if train.passes is not None:
         total = int(stream_lengths(lengths, train.max_doc_tokens).sum())
         steps = max(1, int(np.ceil(float(train.passes) * total / int(train.tokens_per_step))))
+        if train.max_steps is None and steps > PASSES_STEP_LIMIT:  # a typo (1e9 for 1e1), not a first look
+            raise CcexpError(f"train.passes={float(train.passes):g} over the {total:,} tokens of {docs.size:,} training "
+                             f"documents is {steps:,} steps of {int(train.tokens_per_step):,} tokens, more than "
+                             f"{PASSES_STEP_LIMIT:,}; give fewer passes, or set train.max_steps to the steps to run")
         capped = train.max_steps is not None and steps > int(train.max_steps)
         steps = int(train.max_steps) if capped else steps
         train.steps = steps
