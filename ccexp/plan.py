@@ -209,20 +209,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if e["fits"] else 1
 
 
+def sweep_choices(overrides: list[str]) -> dict[str, list[str]]:
+    """Each key's overrides in Hydra's override grammar, in order: ``key=v`` per value of a comma list or
+    range, or the override itself; a key given twice keeps its first place and its last value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    choices: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(list(overrides)):
+        key = o.get_key_element()
+        choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                        else [o.input_line])
+    return choices
+
+
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """The Cartesian product of comma-list overrides (Hydra's override grammar), one list per plan or
     sweep job, as Hydra's basic sweeper expands them: a key given twice keeps its first place and its
     last value, and the first key varies slowest."""
     import itertools
 
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    choices: dict[str, list[str]] = {}
-    for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.get_key_element()
-        choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-                        else [o.input_line])
-    return [list(c) for c in itertools.product(*choices.values())]
+    return [list(c) for c in itertools.product(*sweep_choices(overrides).values())]
 
 
 def stream_main(overrides: list[str]) -> int:
@@ -238,6 +244,10 @@ def stream_main(overrides: list[str]) -> int:
     try:
         variants = expand_sweep(overrides)
         from pathlib import Path
+
+        from ccexp.preflight import check_sweep_values
+
+        check_sweep_values(overrides)  # every value of every list is an option, before any stage
 
         from ccexp.tracking.mlflow_run import check_store
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,45 @@ def _check_sources(data: DictConfig) -> None:
         raise CcexpError("data=sources needs data.sources=[{path: ..., weight: ...}, ...]")
     elif data.path != "builtin":
         check_source(data.path, data.format)
+
+
+def check_sweep_values(overrides: list[str], compose=None) -> None:
+    """Every value of every comma list of a sweep (or of a plan's variants) composed before any job or
+    stage: each value once, with the other keys at their first value, so a value that is not an option
+    (``sampler=random,nope``, a misspelt key, a wrong type) is one line at the start, not a failure when
+    its job starts (after the others trained, or after the plan embedded). A value that composes but that
+    its job refuses (``sampler.clip_threshold=0``) fails that job alone, with its line, as before.
+
+    Args:
+        overrides: the sweep's overrides (Hydra's grammar: ``a=1,2 b=x``).
+        compose: ``overrides -> config``; by default :func:`ccexp.config.compose` (outside a running Hydra app).
+
+    Raises:
+        CcexpError: naming the value that is not an option and why.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ccexp.errors import one_line
+    from ccexp.plan import sweep_choices
+
+    if compose is None:
+        from ccexp.config import compose
+    choices = sweep_choices(overrides)
+    first = [values[0] for values in choices.values()]
+    variants: list[tuple[str | None, list[str]]] = [(None, first)]
+    for i, values in enumerate(choices.values()):
+        rest = values[1:]
+        raw = [v.split("=", 1)[1] for v in values]
+        if len(values) > 2 and all(re.fullmatch(r"-?\d+", v) for v in raw):  # integers compose alike: one more
+            rest = values[1:2]
+        variants += [(v, first[:i] + [v] + first[i + 1:]) for v in rest]
+    for value, variant in variants:
+        try:
+            compose(variant)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise CcexpError(f"the sweep's value {value} is not an option: {one_line(e)}" if value else one_line(e)
+                             ) from None
 
 
 def preflight_stream(cfg: DictConfig) -> None:

@@ -436,3 +436,30 @@ def test_train_passes_that_derive_more_than_a_million_steps_are_one_line_before_
     assert not list((tmp_path / "out" / "cache").glob("embed/*"))  # before any embedding
     capped = ccexp(tmp_path, CORPUS, "logger=none", "train.passes=1e9", "train.max_steps=2")  # asked for: it runs
     assert capped.returncode == 0 and "(capped by train.max_steps" in capped.stdout + capped.stderr, capped.stderr[-2000:]
+
+
+# -- a sweep value that is not an option --------------------------------------------------------------
+@pytest.mark.parametrize("values,line", [
+    ("sampler=random,nope", "the sweep's value sampler=nope is not an option: In 'config': Could not find "
+                            "'sampler/nope' Available options in 'sampler': "),
+    ("sampler.clip_treshold=2,3", "Could not override 'sampler.clip_treshold'"),
+])
+def test_every_value_of_a_sweep_list_is_checked_before_any_job(tmp_path, values, line):
+    proc = ccexp(tmp_path, CORPUS, "-m", "logger=none", "sampler=clusterclip", values, "seed=range(0,40)")
+    found = one_line(proc, 2)
+    assert line in found, found
+    assert not (tmp_path / "out").exists()  # no job folder, no stage
+
+
+def test_a_plan_checks_every_value_before_any_stage(tmp_path):
+    import subprocess
+    import sys
+
+    from test_cases import TINY
+
+    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", *TINY, f"data.path={CASES / CORPUS}", "logger=none",
+                           f"paths.outputs={tmp_path / 'out'}", "sampler=random,nope"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "the sweep's value sampler=nope is not an option" in proc.stderr
+    assert not (tmp_path / "out" / "cache").exists()  # nothing embedded before it was found

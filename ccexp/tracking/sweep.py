@@ -101,6 +101,18 @@ class MlflowSweepCallback(Callback):
             refuse_relaunch_in_multirun(config)  # before any job: one line, not one failure per job
         except CcexpError as e:
             raise Refused(str(e)) from None
+        sweeper = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+        if sweeper.endswith("BasicSweeper"):  # every value of every sweep list, before any job (and on Slurm)
+            from hydra import compose
+
+            from ccexp.preflight import check_sweep_values
+
+            params = [f"{k}={v}" for k, v in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
+            try:
+                check_sweep_values(params + list(config.hydra.overrides.task),
+                                   lambda overrides: compose(config_name="config", overrides=overrides))
+            except CcexpError as e:
+                raise Refused(str(e)) from None
         target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
         if target.endswith("SlurmLauncher"):
             import shutil
