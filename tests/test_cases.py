@@ -284,6 +284,11 @@ def test_c13_a_requeued_sweep_job_continues_from_its_own_checkpoint_as_if_never_
     assert "You're resuming from a checkpoint that ended before the epoch ended" not in log  # ours is exact
     (job,) = [p.parent for p in out.glob("multirun/*/*/*/checkpoints")]
     (ref,) = [p.parent for p in (tmp_path / "whole").glob("multirun/*/*/*/checkpoints")]
+    import torch
+
+    for folder in (job, ref):  # each run's last.ckpt is its final state (step 12), not its last periodic save (10)
+        last = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert last["global_step"] == 12
     a, b = _state(job / "checkpoints" / "last.ckpt"), _state(ref / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
     assert (job / "tables" / "heldout_documents.csv").read_text() == (ref / "tables" / "heldout_documents.csv").read_text()

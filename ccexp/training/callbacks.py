@@ -203,7 +203,7 @@ class StopAtStepEnd(Callback):
     state to ``path`` right there, mid-epoch (as :class:`StopOnSignal` does), then leave ``fit`` by
     :class:`StoppedByCallback`, so that a resume continues on exactly the tokens of an uninterrupted run.
     Remembers which callback asked (:attr:`by`) and the step (:attr:`stopped_at`). Put it after the callbacks
-    it watches."""
+    it watches. A run that reaches ``steps`` ends with its final state in ``path`` (:meth:`on_train_end`)."""
 
     def __init__(self, path: Path, steps: int):
         self.path, self.steps = Path(path), int(steps)
@@ -225,6 +225,14 @@ class StopAtStepEnd(Callback):
             trainer.save_checkpoint(self.path, weights_only=False)  # the full state, to resume from
             self.stopped_at = int(trainer.global_step)
             raise StoppedByCallback()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """A run that reached ``steps`` leaves its final state in ``path`` (``last.ckpt``): the periodic
+        checkpoints (``train.checkpoint_every_n_steps``) save it only at their own steps, so a run of 12 steps
+        saving every 5 left step 10 there."""
+        saved = getattr(trainer.checkpoint_callback, "_last_global_step_saved", None)
+        if trainer.global_step >= self.steps and (saved != trainer.global_step or not self.path.exists()):
+            trainer.save_checkpoint(self.path, weights_only=False)
 
 
 class LaunchTimer(Timer):
