@@ -158,11 +158,12 @@ def _check_sources(data: DictConfig) -> None:
 
 
 def check_sweep_values(overrides: list[str], compose=None) -> None:
-    """Every value of every comma list of a sweep (or of a plan's variants) composed before any job or
-    stage: each value once, with the other keys at their first value, so a value that is not an option
-    (``sampler=random,nope``, a misspelt key, a wrong type) is one line at the start, not a failure when
-    its job starts (after the others trained, or after the plan embedded). A value that composes but that
-    its job refuses (``sampler.clip_threshold=0``) fails that job alone, with its line, as before.
+    """Every value of every comma list of a sweep (or of a plan's variants) composed, and its keys and
+    bounds checked, before any job or stage: each value once, with the other keys at their first value, so
+    a value that is not an option (``sampler=random,nope``, a misspelt key, ``+train.lrr=0.1,0.2``, a wrong
+    type, a value out of its schema's bounds) is one line at the start, not a failure when its job starts
+    (after the others trained, or after the plan embedded). A value that composes but that its job
+    refuses (``sampler.clip_threshold=0``) fails that job alone, with its line, as before.
 
     Args:
         overrides: the sweep's overrides (Hydra's grammar: ``a=1,2 b=x``).
@@ -185,15 +186,16 @@ def check_sweep_values(overrides: list[str], compose=None) -> None:
     for i, values in enumerate(choices.values()):
         rest = values[1:]
         raw = [v.split("=", 1)[1] for v in values]
-        if len(values) > 2 and all(re.fullmatch(r"-?\d+", v) for v in raw):  # integers compose alike: one more
-            rest = values[1:2]
+        if len(values) > 2 and all(re.fullmatch(r"-?\d+", v) for v in raw):  # integers: the bounds are what fails
+            key = values[0].split("=", 1)[0]
+            rest = [f"{key}={n}" for n in sorted({min(map(int, raw)), max(map(int, raw))})]
         variants += [(v, first[:i] + [v] + first[i + 1:]) for v in rest]
     for value, variant in variants:
         try:
-            compose(variant)
-        except (HydraException, OmegaConfBaseException) as e:
-            raise CcexpError(f"the sweep's value {value} is not an option: {one_line(e)}" if value else one_line(e)
-                             ) from None
+            _check_keys_and_bounds(compose(variant), schemas.RootConfig, "")
+        except (CcexpError, HydraException, OmegaConfBaseException) as e:
+            why = str(e) if isinstance(e, CcexpError) else one_line(e)
+            raise CcexpError(f"the sweep's value {value} is not an option: {why}" if value else why) from None
 
 
 def preflight_stream(cfg: DictConfig) -> None:

@@ -85,21 +85,37 @@ def view_address(host: str, port: int, experiment_id: str, key: str, base: str |
 
 
 def _check_port_free(host: str, port: int) -> None:
-    """Refuse a port something already listens on (as the server would bind it: SO_REUSEADDR, so a port
-    left in TIME_WAIT by an earlier UI is free).
+    """Refuse a port something already listens on, on any address ``host`` names (``localhost``: 127.0.0.1
+    and ::1, where another server may hold it), as the server would bind it (SO_REUSEADDR, so a port left in
+    TIME_WAIT by an earlier UI is free); and a host that is not an address of this machine.
 
     Raises:
-        CcexpError: naming the port and what to pass instead.
+        CcexpError: naming the port or the host and what to pass instead.
     """
+    import errno
     import socket
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise CcexpError(f"port {port} on {host} is in use ({e.strerror}): another server (an earlier ccexp.ui?) "
-                             "listens there; stop it, or pass --port with a free port") from None
+    try:
+        addresses = {(a[0], a[4][:2]) for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        if host == "localhost" and socket.has_ipv6:  # browsers and curl try ::1 too, whatever /etc/hosts says
+            addresses |= {(socket.AF_INET6, ("::1", port)), (socket.AF_INET, ("127.0.0.1", port))}
+    except socket.gaierror as e:
+        raise CcexpError(f"--host {host}: not a name or address this machine can resolve ({e.strerror}); "
+                         "pass --host 127.0.0.1 (or 0.0.0.0 to serve other machines)") from None
+    for family, address in sorted(addresses, key=str):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise CcexpError(f"port {port} on {address[0]} is in use ({e.strerror}): another server (an "
+                                     "earlier ccexp.ui?) listens there; stop it, or pass --port with a free port"
+                                     ) from None
+                if e.errno == errno.EADDRNOTAVAIL and len(addresses) > 1:
+                    continue  # e.g. ::1 on a machine without IPv6: the other address serves
+                raise CcexpError(f"--host {host}: cannot listen on {address[0]}:{port} ({e.strerror}); pass --host "
+                                 "127.0.0.1 (or 0.0.0.0 to serve other machines)") from None
 
 
 def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.Popen:
@@ -131,6 +147,17 @@ def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.P
     raise CcexpError(f"mlflow server on {host}:{port} did not answer within {wait_s:.0f} s")
 
 
+def _port(text: str) -> int:
+    """argparse's type for ``--port``: an integer in 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port; use 1-65535")
+    return port
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m ccexp.ui", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--experiment", default="ccexp", help="the MLflow experiment (default ccexp)")
     ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=5000)
+    ap.add_argument("--port", type=_port, default=5000, help="a TCP port, 1-65535 (default 5000)")
     ap.add_argument("--no-server", action="store_true", help="only write the view and print its address")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped ccexp.ui stops its server too (finally)

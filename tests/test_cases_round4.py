@@ -391,6 +391,9 @@ def test_c24_a_sweep_extended_with_another_setting_compares_one_configuration_an
     second = ccexp(tmp_path, CORPUS, *args, "seed=0,1", "train.lr=0.001")  # the same folder, another train.lr
     assert second.returncode == 0, second.stderr[-3000:]
     report = (sweep / "report" / "report.md").read_text()
+    assert report.startswith("# ccexp comparison: 4 runs of sweep ") and "(runs of other settings left out: see " \
+        "the note)" in report.splitlines()[0]
+    assert "report: 2 run(s) left out" in second.stdout + second.stderr  # said where the sweep ends, too
     row = next(line for line in report.splitlines() if line.startswith("| eval/ppl_macro |"))
     assert row.count("(n=2)") == 2  # each arm: seeds 0 and 1 at train.lr=0.001 only
     notes = [line for line in report.splitlines() if line.startswith("Note: 2 run(s) left out")]
@@ -463,3 +466,77 @@ def test_a_plan_checks_every_value_before_any_stage(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "the sweep's value sampler=nope is not an option" in proc.stderr
     assert not (tmp_path / "out" / "cache").exists()  # nothing embedded before it was found
+
+
+def test_a_sweep_list_of_an_appended_misspelt_key_or_an_out_of_range_value_is_refused_before_any_job(tmp_path):
+    proc = ccexp(tmp_path, CORPUS, "-m", "logger=none", "sampler=random,uniform", "+train.lrr=0.1,0.2")
+    assert "the sweep's value" not in (line := one_line(proc, 2)) and "train.lrr is not a setting of train; did " \
+        "you mean train.lr?" in line
+    line = one_line(ccexp(tmp_path, CORPUS, "-m", "logger=none", "train.steps=3,2,0,4"), 2)
+    assert "the sweep's value train.steps=0 is not an option: train.steps=0 is out of range; it must be >= 1" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_c29_localhost_counts_every_loopback_address_and_a_bad_host_or_port_is_one_line(tmp_path, capsys):
+    import http.server
+    import socket
+    import threading
+
+    from test_ui import sweep_store
+
+    from ccexp.ui import main
+
+    sweep_store(tmp_path)
+    store = ["--store", str(tmp_path / "mlflow.db")]
+    for args, message in ((["--host", "nosuch.invalid"], "--host nosuch.invalid: not a name or address this machine "
+                                                         "can resolve"),):
+        with pytest.raises(SystemExit) as e:
+            main(store + args)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(store + ["--port", "70000"])
+    assert e.value.code == 2 and "argument --port: 70000 is not a TCP port; use 1-65535" in capsys.readouterr().err
+
+    class V6(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    try:
+        other = V6(("::1", 0), http.server.SimpleHTTPRequestHandler)  # another server on localhost's IPv6 address
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(store + ["--host", "localhost", "--port", str(other.server_address[1])])
+    finally:
+        other.shutdown()
+        other.server_close()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"port {other.server_address[1]} on ::1 is in use" in err
+
+
+def test_c19_a_store_a_run_cannot_write_is_one_line_in_preflight(tmp_path):
+    import os
+    import subprocess
+
+    from mlflow import MlflowClient
+
+    out = tmp_path / "out"
+    out.mkdir()
+    db = out / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()  # a sound, empty store
+    before = db.read_bytes()
+    if os.geteuid() == 0:  # root writes through permissions: make the file immutable instead
+        if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not supported on this file system")
+        undo = ["chattr", "-i", str(db)]
+    else:
+        db.chmod(0o444)
+        undo = ["chmod", "644", str(db)]
+    try:
+        line = one_line(ccexp(tmp_path, CORPUS, "train.steps=2"), 2)
+    finally:
+        subprocess.run(undo, check=True)
+    assert line.startswith(f"ccexp: error: the MLflow store {db} cannot be written (") and line.endswith(
+        "make it writable, or set logger.tracking_uri to another store")
+    assert db.read_bytes() == before and not (out / "cache").exists()

@@ -55,7 +55,7 @@ def check_store(logger_cfg, outputs: Path) -> None:
     log.info("%s", store.line())
     check_server(store, default_uri=str((outputs / "mlflow.db").resolve()))
     if store.uri.startswith("sqlite:///"):
-        check_sqlite(Path(store.uri[len("sqlite:///"):]))
+        check_sqlite(Path(store.uri[len("sqlite:///"):]), write=True)
 
 
 def slurm_job_id() -> str | None:

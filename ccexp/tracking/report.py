@@ -125,6 +125,7 @@ class Comparison:
     sweep_dir: Path | None = None
     task_overrides: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)  # "#<job> (<overrides>): <status>: <line>" of the sweep
+    left_out: list[str] = field(default_factory=list)  # the note on runs of other settings, when there were some
 
     @classmethod
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,
@@ -416,12 +417,15 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     runs = collect(client, parent_run_id=parent_run_id, experiment=experiment)
     if not runs:
         raise CcexpError("no finished runs to compare")
-    title = f"ccexp comparison: {len(runs)} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
+    runs, left_out = one_configuration(runs, group_by)
+    title = (f"ccexp comparison: {len(runs)} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
+             + (" (runs of other settings left out: see the note)" if left_out else ""))
     context = sweep_context(client, parent_run_id)
     comparison = Comparison.of(runs, title=title, group_by=group_by, baseline=baseline, require_baseline=require_baseline,
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
                                task_overrides=context.get("task_overrides", []))
-    comparison.notes += context.get("notes", [])
+    comparison.notes += left_out + context.get("notes", [])
+    comparison.left_out = left_out
     comparison.unfinished = list(unfinished or [])
     import os
     import shutil
@@ -583,6 +587,8 @@ def main(argv: list[str] | None = None) -> None:
         from ccexp.tracking.verdict import verdict_lines
 
         print("\n".join(verdict_lines(comparison, *comparison.verdict())))
+        for note in comparison.left_out:
+            print(f"report: {note}")
         print(f"report: {files[0]}")
     except CcexpError as e:
         print(f"ccexp.report: error: {e}", file=sys.stderr)

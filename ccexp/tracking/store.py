@@ -225,9 +225,9 @@ def _runs_in(db: Path) -> tuple[int | None, str]:
 
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-            check = con.execute("pragma quick_check(1)").fetchone()[0]
-            if check != "ok":
-                return None, f"SQLite's check: {check}"
+            check = [row[0] for row in con.execute("pragma quick_check(4)")]
+            if check != ["ok"]:  # its first row is often only "*** in database main ***"
+                return None, "SQLite's check: " + " ".join(c for c in check if not c.startswith("***"))[:240]
             if not con.execute("select 1 from sqlite_master where type = 'table' and name = 'runs'").fetchone():
                 return 0, ""
             return int(con.execute("select count(*) from runs").fetchone()[0]), ""
@@ -235,24 +235,44 @@ def _runs_in(db: Path) -> tuple[int | None, str]:
         return None, str(e)
 
 
-def damaged_line(db: Path, why: str, runs: int | None) -> str:
-    """The line for a SQLite store that cannot be opened (``why``) and holds ``runs`` runs (None: may hold some)."""
+def damaged_line(db: Path, why: str, runs: int | None, instead: str = "set logger.tracking_uri to a new store"
+                 ) -> str:
+    """The line for a SQLite store that cannot be opened (``why``) and holds ``runs`` runs (None: may hold
+    some); ``instead``: what else to do (a reader says its own options)."""
     held = "may hold runs" if runs is None else f"holds {runs} run(s)"
-    return (f"the MLflow store {db} cannot be opened ({why.splitlines()[0][:200] if why else 'unreadable'}) and "
-            f"{held}; restore it from a copy, or set logger.tracking_uri to a new store")
+    reason = why.splitlines()[0] if why else "unreadable"
+    if len(reason) > 240:
+        reason = reason[:240].rsplit(" ", 1)[0] + " ..."
+    return f"the MLflow store {db} cannot be opened ({reason}) and {held}; restore it from a copy, or {instead}"
 
 
-def check_sqlite(db: Path) -> None:
+def check_sqlite(db: Path, write: bool = False, instead: str = "set logger.tracking_uri to a new store") -> None:
     """Refuse, before any stage, a SQLite store file that cannot be read (a store left half-created is
-    readable, and set aside later by :func:`open_store` when it holds no run).
+    readable, and set aside later by :func:`open_store` when it holds no run), and with ``write`` one a run
+    could not write to (a read-only or immutable file, or a folder where SQLite cannot put its journal).
 
     Raises:
-        CcexpError: for a damaged file (:func:`damaged_line`).
+        CcexpError: for a damaged file (:func:`damaged_line`) or one that cannot be written.
     """
     if db.is_file() and db.stat().st_size:
         runs, why = _runs_in(db)
         if runs is None:
-            raise CcexpError(damaged_line(db, why, None))
+            raise CcexpError(damaged_line(db, why, None, instead))
+    if not write:
+        return
+    import tempfile
+
+    try:
+        if db.is_file():
+            with open(db, "r+b"):
+                pass
+        if db.parent.is_dir():
+            with tempfile.TemporaryFile(dir=db.parent):
+                pass
+    except OSError as e:
+        raise CcexpError(f"the MLflow store {db} cannot be written ({e.strerror}: "
+                         f"{e.filename or db}); make it writable, or set logger.tracking_uri to another store"
+                         ) from None
 
 
 def read_store(uri: str):
@@ -267,12 +287,13 @@ def read_store(uri: str):
     if not uri.startswith("sqlite:///"):
         return MlflowClient(uri)
     db = Path(uri[len("sqlite:///"):])
-    check_sqlite(db)
+    instead = "pass another store (--store or --tracking-uri)"
+    check_sqlite(db, instead=instead)
     try:
         client = MlflowClient(uri)
         client.search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001 (SQLAlchemy's and MLflow's own types for a damaged file)
-        raise CcexpError(damaged_line(db, str(e), _runs_in(db)[0])) from None
+        raise CcexpError(damaged_line(db, str(e), _runs_in(db)[0], instead)) from None
     return client
 
 

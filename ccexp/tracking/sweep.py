@@ -239,6 +239,8 @@ class MlflowSweepCallback(Callback):
             self.client.log_artifact(self.parent_id, str(path), "report")
         for line in verdict_lines(comparison, *comparison.verdict()):
             log.info("%s", line)
+        for note in comparison.left_out:
+            log.warning("report: %s", note)
         log.info("report: %s", out / "report.md")
 
     def close(self, status: str) -> None:

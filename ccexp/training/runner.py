@@ -114,7 +114,8 @@ def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCo
         steps = max(1, int(np.ceil(float(train.passes) * total / int(train.tokens_per_step))))
         if train.max_steps is None and steps > PASSES_STEP_LIMIT:  # a typo (1e9 for 1e1), not a first look
             raise CcexpError(f"train.passes={float(train.passes):g} over the {total:,} tokens of {docs.size:,} training "
-                             f"documents is {steps:,} steps of {int(train.tokens_per_step):,} tokens, more than "
+                             f"documents is {f'{steps:,}' if steps < 10**15 else f'{steps:.3g}'} steps of "
+                             f"{int(train.tokens_per_step):,} tokens, more than "
                              f"{PASSES_STEP_LIMIT:,}; give fewer passes, or set train.max_steps to the steps to run")
         capped = train.max_steps is not None and steps > int(train.max_steps)
         steps = int(train.max_steps) if capped else steps
