@@ -209,24 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if e["fits"] else 1
 
 
-def sweep_choices(overrides: list[str]) -> dict[str, list[str]]:
-    """Each key's overrides in Hydra's override grammar, in order: ``key=v`` per value of a comma list or
-    range, or the override itself; a key given twice keeps its first place and its last value."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    choices: dict[str, list[str]] = {}
-    for o in OverridesParser.create().parse_overrides(list(overrides)):
-        key = o.get_key_element()
-        choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-                        else [o.input_line])
-    return choices
-
-
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """The Cartesian product of comma-list overrides (Hydra's override grammar), one list per plan or
     sweep job, as Hydra's basic sweeper expands them: a key given twice keeps its first place and its
     last value, and the first key varies slowest."""
     import itertools
+
+    from ccexp.preflight import sweep_choices
 
     return [list(c) for c in itertools.product(*sweep_choices(overrides).values())]
 

@@ -157,6 +157,19 @@ def _check_sources(data: DictConfig) -> None:
         check_source(data.path, data.format)
 
 
+def sweep_choices(overrides: list[str]) -> dict[str, list[str]]:
+    """Each key's overrides in Hydra's override grammar, in order: ``key=v`` per value of a comma list or
+    range, or the override itself; a key given twice keeps its first place and its last value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    choices: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(list(overrides)):
+        key = o.get_key_element()
+        choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                        else [o.input_line])
+    return choices
+
+
 def check_sweep_values(overrides: list[str], compose=None) -> None:
     """Every value of every comma list of a sweep (or of a plan's variants) composed, and its keys and
     bounds checked, before any job or stage: each value once, with the other keys at their first value, so
@@ -176,7 +189,6 @@ def check_sweep_values(overrides: list[str], compose=None) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from ccexp.errors import one_line
-    from ccexp.plan import sweep_choices
 
     if compose is None:
         from ccexp.config import compose
