@@ -540,3 +540,18 @@ def test_c19_a_store_a_run_cannot_write_is_one_line_in_preflight(tmp_path):
     assert line.startswith(f"ccexp: error: the MLflow store {db} cannot be written (") and line.endswith(
         "make it writable, or set logger.tracking_uri to another store")
     assert db.read_bytes() == before and not (out / "cache").exists()
+
+
+# -- a finished run's last.ckpt is its final step ------------------------------------------------------
+@pytest.mark.parametrize("args,files", [(("train.steps=12", "train.checkpoint_every_n_steps=5"),
+                                         ["last.ckpt", "step-10.ckpt", "step-5.ckpt"]),
+                                        (("train.steps=4",), ["last.ckpt"])])
+def test_a_finished_run_leaves_its_final_state_in_last_ckpt_and_nothing_else(tmp_path, args, files):
+    import torch
+
+    proc = ccexp(tmp_path, CORPUS, "logger=none", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = (tmp_path / "out" / "runs").glob("*/*/checkpoints")
+    assert sorted(p.name for p in folder.iterdir()) == files  # no last-v1.ckpt beside it
+    steps = int(args[0].split("=")[1])
+    assert torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == steps

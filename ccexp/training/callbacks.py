@@ -230,7 +230,10 @@ class StopAtStepEnd(Callback):
         """A run that reached ``steps`` leaves its final state in ``path`` (``last.ckpt``): the periodic
         checkpoints (``train.checkpoint_every_n_steps``) save it only at their own steps, so a run of 12 steps
         saving every 5 left step 10 there."""
-        saved = getattr(trainer.checkpoint_callback, "_last_global_step_saved", None)
+        every = trainer.checkpoint_callback
+        if every is not None and every.save_last and not getattr(every, "_last_checkpoint_saved", ""):
+            return  # nothing saved yet: Lightning's ModelCheckpoint saves last.ckpt at the end itself
+        saved = getattr(every, "_last_global_step_saved", None)
         if trainer.global_step >= self.steps and (saved != trainer.global_step or not self.path.exists()):
             trainer.save_checkpoint(self.path, weights_only=False)
 
