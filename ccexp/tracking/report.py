@@ -133,7 +133,7 @@ class Comparison:
         runs, left_out = one_configuration(runs, group_by)
         groups: dict[str, list] = {}
         for r in runs:
-            groups.setdefault(r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?")), []).append(r)
+            groups.setdefault(_arm(r, group_by), []).append(r)
         groups = dict(sorted(groups.items()))
         if require_baseline and baseline not in groups:
             raise CcexpError(f"--baseline {baseline!r} has no finished run here; the samplers are {', '.join(groups)}")
@@ -156,7 +156,8 @@ class Comparison:
         budget = (f"Every run trained on exactly {tokens[0]:,} tokens (a token-fair comparison)." if len(tokens) == 1
                   and tokens[0] >= 0 else "Warning: the runs trained on different numbers of tokens ("
                   + ", ".join(f"{t:,}" for t in tokens if t >= 0) + "): differences mix policy and compute.")
-        return cls(title, groups, metrics, table, paired, baseline, budget, cost, notes, clusters, **options)
+        return cls(title, groups, metrics, table, paired, baseline, budget, cost, notes, clusters, left_out=left_out,
+                   **options)
 
     @property
     def others(self) -> list[str]:
@@ -300,6 +301,11 @@ def _label_values_without_documents(runs: list) -> set[str]:
     return out
 
 
+def _arm(run, group_by: str) -> str:
+    """The group a run belongs to: its ``group_by`` tag, else its ``<group_by>.name`` param."""
+    return run.data.tags.get(group_by, run.data.params.get(f"{group_by}.name", "?"))
+
+
 # params that are not the experiment's configuration: the seeds (what a sweep repeats over) and where and how a
 # run is recorded or resumed
 _NOT_CONFIGURATION = re.compile(r"(^|\.)(seed|init_seed)$|^(logger|paths)\.|^train\.resume_from$|"
@@ -334,10 +340,10 @@ def one_configuration(runs: list, group_by: str) -> tuple[list, list[str]]:
     shared = _configuration(newest, group_by, arm=False)
     arms: dict[str, frozenset] = {}
     for r in sorted(runs, key=started):  # the newest run of each arm last
-        arms[r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?"))] = _configuration(r, group_by, True)
+        arms[_arm(r, group_by)] = _configuration(r, group_by, True)
     kept, out, differ = [], [], {}
     for r in runs:
-        arm = r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?"))
+        arm = _arm(r, group_by)
         mine = _configuration(r, group_by, False) | _configuration(r, group_by, True)
         ref = shared | arms[arm]
         if mine == ref:
@@ -364,8 +370,7 @@ def _identical_streams(runs: list, group_by: str) -> list[str]:
     for r in runs:
         digest = r.data.tags.get("stream_digest")
         if digest:
-            by.setdefault((r.data.params.get("seed", "?"), digest), []).append(
-                r.data.tags.get(group_by, r.data.params.get(f"{group_by}.name", "?")))
+            by.setdefault((r.data.params.get("seed", "?"), digest), []).append(_arm(r, group_by))
     same: dict[tuple[str, ...], list[str]] = {}
     for (seed, _), groups in by.items():
         if len(set(groups)) > 1:
@@ -417,15 +422,14 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     runs = collect(client, parent_run_id=parent_run_id, experiment=experiment)
     if not runs:
         raise CcexpError("no finished runs to compare")
-    runs, left_out = one_configuration(runs, group_by)
-    title = (f"ccexp comparison: {len(runs)} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
-             + (" (runs of other settings left out: see the note)" if left_out else ""))
     context = sweep_context(client, parent_run_id)
-    comparison = Comparison.of(runs, title=title, group_by=group_by, baseline=baseline, require_baseline=require_baseline,
+    comparison = Comparison.of(runs, title="", group_by=group_by, baseline=baseline, require_baseline=require_baseline,
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
                                task_overrides=context.get("task_overrides", []))
-    comparison.notes += left_out + context.get("notes", [])
-    comparison.left_out = left_out
+    compared = sum(len(rs) for rs in comparison.groups.values())  # the runs of one configuration (one_configuration)
+    comparison.title = (f"ccexp comparison: {compared} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
+                        + (" (runs of other settings left out: see the note)" if comparison.left_out else ""))
+    comparison.notes += context.get("notes", [])
     comparison.unfinished = list(unfinished or [])
     import os
     import shutil
