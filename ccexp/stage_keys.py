@@ -152,9 +152,14 @@ def corpus_key(data: DictConfig, source_digest: str) -> tuple[dict, dict]:
 
 
 def embed_key(embedder: DictConfig, corpus_content: str, model: str | None) -> tuple[dict, dict]:
-    """(settings, inputs) of the embed stage: ``embedder.*`` but what does not change the vectors; the
-    corpus content and ``model`` (the digest of the embedding model folder, or the run's model stage)."""
-    return _settings(embedder, ("name", "device", "batch_size")), {"corpus": corpus_content, "model": model}
+    """(settings, inputs) of the embed stage: ``embedder.*`` but what does not change the vectors (``dtype``
+    as resolved on this machine); the corpus content and ``model`` (the digest of the embedding model folder, or the run's model stage)."""
+    settings = _settings(embedder, ("name", "device", "batch_size"))
+    if "dtype" in settings:  # auto: what this machine runs (bfloat16 or float32 give different vectors)
+        from ccexp.embedding.sentence import resolve_dtype
+
+        settings["dtype"] = resolve_dtype(settings["dtype"], embedder.get("device", "auto"))
+    return settings, {"corpus": corpus_content, "model": model}
 
 
 def cluster_key(clusterer: DictConfig, embed: str, corpus_content: str, labels: str | None) -> tuple[dict, dict]:

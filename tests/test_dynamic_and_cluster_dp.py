@@ -152,12 +152,12 @@ def test_cluster_dp_bad_row_count_or_options():
 
 def test_odm_weights_leave_uniform_within_200_steps_at_the_default_settings():
     """SAMPLING.md (revised): ε_t counts optimizer steps since the warm-up, so at K = 32 with the
-    config's defaults (update every step, warm-up 5 % of 1,000 steps) exploration ends at step
+    config's defaults at 1,000 steps (update every step, warm-up 5 % of the run) exploration ends at step
     50 + K ln K ≈ 161, and a persistently harder cluster gains weight before step 200."""
     from test_config_and_cli import compose_cfg
 
-    cfg = compose_cfg(["sampler=dynamic"]).sampler
-    assert cfg.update_every == 1 and cfg.warmup_steps == 50  # 5 % of the default 1,000 steps
+    cfg = compose_cfg(["sampler=dynamic", "train.steps=1000"]).sampler
+    assert cfg.update_every == 1 and cfg.warmup_steps == 50  # 5 % of 1,000 steps
     k = 32
     sizes = np.full(k, 40, dtype=np.int64)
     labels = np.repeat(np.arange(k), 40).astype(np.int32)

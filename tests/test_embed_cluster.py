@@ -86,3 +86,41 @@ def test_similarity_is_cosine_and_closest_means_nearest_whatever_the_metric(real
         for lane, kept in enumerate(s.kept_documents()):
             members = np.flatnonzero(res.labels == lane)
             assert set(kept) == set(members[pick(distance[members])[:kept.size]])
+
+
+def test_embedder_dtype_auto_resolves_to_what_this_cpu_computes_and_a_bad_one_is_one_line():
+    import torch
+
+    from ccexp.embedding.sentence import resolve_dtype
+
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
+    assert resolve_dtype("float32", "cpu") == "float32" and resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(CcexpError, match=r"^embedder.dtype='half' is not an option; use auto, bfloat16 or float32$"):
+        SentenceEmbedder(dtype="half")
+
+
+def test_bfloat16_embeddings_stay_within_a_cosine_of_1e3_of_float32(builtin_records):
+    texts = [r["text"] for r in builtin_records[::400]]
+    full, _ = SentenceEmbedder(max_seq_length=128, dtype="float32").encode(texts)
+    half, _ = SentenceEmbedder(max_seq_length=128, dtype="bfloat16").encode(texts)
+    assert half.dtype == np.float32 and np.min(np.sum(full * half, axis=1)) > 0.999
+
+
+def test_a_shard_embedded_in_length_order_returns_its_vectors_in_corpus_order(tmp_path, caplog, monkeypatch):
+    """embed_shards sorts each shard's documents by length for the batches and puts every vector back at its
+    document's place: the same vectors as embedding each document alone; one progress line per shard."""
+    import logging
+
+    from ccexp.embedding import shards
+
+    texts = ["a " * n + f"doc {n}" for n in (40, 1, 17, 3, 90, 8, 2, 55, 5, 30)]
+    emb = SentenceEmbedder(max_seq_length=128, dtype="float32")
+    monkeypatch.setattr(shards, "HEARTBEAT_S", 0)  # a sign of life after every piece, but the shard's last
+    with caplog.at_level(logging.INFO, logger="ccexp"):
+        shards.embed_shards(emb.encode, texts, tmp_path, shard_size=4)
+    got = np.concatenate([np.load(shards.shard_path(tmp_path, i)) for i in range(3)]).astype(np.float32)
+    alone = np.concatenate([emb.encode([t])[0] for t in texts])
+    assert np.min(np.sum(got * alone, axis=1)) > 0.999  # float16 shards of the same vectors
+    lines = [m for m in caplog.messages if m.startswith("embed: shard")]
+    assert len(lines) == 3 and all("ETA" in m for m in lines), lines  # one line as a shard ends, not two

@@ -52,6 +52,29 @@ def _prefix(tok, text: str, room: int, margin: int = 8) -> tuple[str, bool]:
         chars *= 4
 
 
+def resolve_dtype(dtype: str, device: str = "auto") -> str:
+    """``embedder.dtype`` as the embedding will run on ``device`` (``auto`` | ``cpu`` | ``cuda``): ``auto`` is
+    ``bfloat16`` on a GPU that computes it (``torch.cuda.is_bf16_supported``) or a CPU with AVX512-BF16 or AMX
+    (1.7-1.9x faster there, embeddings within a cosine of 1e-4 of float32: benches/bench_first_run.py), and
+    ``float32`` elsewhere (an AVX2 CPU emulates bfloat16, about 5x slower than float32). The embed stage's
+    cache key holds the resolved value.
+
+    Raises:
+        CcexpError: for a value other than auto, bfloat16 or float32.
+    """
+    if dtype not in ("auto", "bfloat16", "float32"):
+        raise CcexpError(f"embedder.dtype={dtype!r} is not an option; use auto, bfloat16 or float32")
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    if device != "cpu" and torch.cuda.is_available():
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    native = any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
+                                                                            "_is_amx_tile_supported"))
+    return "bfloat16" if native else "float32"
+
+
 class SentenceEmbedder:
     """Embed documents with a local sentence-transformers model, in resumable shards.
 
@@ -71,14 +94,19 @@ class SentenceEmbedder:
         prompt: a text put before every document (E5/BGE-style "passage: " prompts).
         pooling: replace the folder's pooling with ``mean``, ``cls``, ``max`` or ``lasttoken``; None
             keeps the saved one (a plain Hugging Face folder gets mean pooling).
+        dtype: ``bfloat16`` (the forward pass under ``torch.autocast``: its matmuls in bfloat16, the
+            returned embeddings float32), ``float32``, or ``auto`` (:func:`resolve_dtype`: bfloat16 where the
+            device computes it natively). The multi-GPU path (``device=auto`` with several GPUs) runs float32.
 
     Raises:
-        CcexpError: for a setting out of range, an unknown ``long_documents``, or a missing model.
+        CcexpError: for a setting out of range, an unknown ``long_documents`` or ``dtype``, or a missing model.
     """
 
     def __init__(self, model: str = "minilm", batch_size: int = 64, max_seq_length: int = 256,
                  device: str = "auto", shard_size: int = 2048, long_documents: str = "truncate",
-                 trust_remote_code: bool = False, prompt: str | None = None, pooling: str | None = None):
+                 trust_remote_code: bool = False, prompt: str | None = None, pooling: str | None = None,
+                 dtype: str = "auto"):
+        self.dtype = resolve_dtype(dtype, device)
         if pooling not in (None, "mean", "cls", "max", "lasttoken"):
             raise CcexpError(f"embedder.pooling={pooling!r} is not an option; use mean, cls, max, lasttoken or null")
         self.trust_remote_code, self.prompt, self.pooling = bool(trust_remote_code), prompt, pooling
@@ -122,9 +150,12 @@ class SentenceEmbedder:
         devices = None
         if self.device == "auto" and torch.cuda.device_count() > 1:
             devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-        return self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                                  show_progress_bar=False, **({"device": devices} if devices else {}),
-                                  **({"prompt": self.prompt} if self.prompt else {}))
+        with torch.autocast(self._model.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16"):
+            emb = self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False,
+                                     **({"device": devices} if devices else {}),
+                                     **({"prompt": self.prompt} if self.prompt else {}))
+        return np.asarray(emb, dtype=np.float32)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, int]:
         """float32[n, d] L2-normalised embeddings of ``texts``, and how many were longer than

