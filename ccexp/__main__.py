@@ -206,6 +206,9 @@ def cli() -> None:
             shown = help_overrides(sys.argv[1:])
             print(help_text(shown, swept=shown != [a for a in sys.argv[1:] if not a.startswith("-")]))
             return
+        from ccexp.config import one_item_lists
+
+        sys.argv[1:] = one_item_lists(sys.argv[1:])  # data.label_fields=domain: a one-item list
         main()
     except (Interrupted, KeyboardInterrupt) as e:
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)

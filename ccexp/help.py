@@ -105,8 +105,12 @@ def groups() -> dict[str, list[str]]:
             if d.is_dir() and d.name != "hydra" and any(d.glob("*.yaml"))}
 
 
-def help_text(overrides: list[str], swept: bool = False) -> str:
-    """The ``--help`` page for the configuration ``overrides`` compose.
+def help_text(overrides: list[str], swept: bool = False, header: str | None = None,
+              sections: tuple[str, ...] | None = None, footer: str | None = None) -> str:
+    """The ``--help`` page for the configuration ``overrides`` compose: ``header`` (default: ccexp's own),
+    the config groups, then every setting with its value and description, or only those under the top-level
+    keys ``sections`` (``python -m ccexp.plan --help`` shows plan, data, clusterer, sampler and train), then
+    ``footer``.
 
     Raises:
         hydra.errors.HydraException, omegaconf.errors.OmegaConfBaseException: for a bad override.
@@ -116,10 +120,15 @@ def help_text(overrides: list[str], swept: bool = False) -> str:
     from ccexp.preflight import _check_keys_and_bounds
 
     _check_keys_and_bounds(cfg, schemas.RootConfig, "")  # an added key the run would refuse is refused here too
-    lines = [shipped.header, "", "== Config groups (group=option) =="]
+    lines = [header or shipped.header, "", "== Config groups (group=option) =="]
     lines += [f"  {group}: {', '.join(options)}" for group, options in groups().items()]
     lines += ["", "== Settings (key=value; " + ("with " + " ".join(overrides) if overrides else "the defaults")
               + (", a sweep list's first value" if swept else "") + "), and what each does =="]
-    _settings(cfg, schemas.RootConfig, "", lines)
-    lines += ["", shipped.footer]
+    if sections is None:
+        _settings(cfg, schemas.RootConfig, "", lines)
+    else:
+        for key in sections:
+            node = OmegaConf.masked_copy(cfg, [key])
+            _settings(node, schemas.RootConfig, "", lines)
+    lines += ["", footer or shipped.footer]
     return "\n".join(lines)

@@ -178,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     """``model``: print the memory plan, exit 0 when it fits, 1 when it does not; else the stream
     plan (:func:`stream_main`). Bad input exits 2 with one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
+    if {"-h", "--help"} & set(argv):  # before or after overrides: never read as an override
+        return print_help(argv)
     if not argv or argv[0] != "model":
         return stream_main(argv)
     ap = argparse.ArgumentParser(prog="python -m ccexp.plan model",
@@ -207,6 +206,33 @@ def main(argv: list[str] | None = None) -> int:
         return error_line(err)
     print(render(cfg, e))
     return 0 if e["fits"] else 1
+
+
+def print_help(argv: list[str]) -> int:
+    """``--help``: the usage, then the settings a plan reads (the stream plan: plan, data, clusterer,
+    sampler, train; ``model``: model, trainer, train) with their values under the overrides given and
+    what each does; ``model --help`` first lists its own options. Exit status 0, or 2 with one line for
+    an override that does not compose."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ccexp.help import help_text
+
+    model = bool(argv) and argv[0] == "model"
+    given = argv[1:] if model else argv
+    overrides = [a for i, a in enumerate(given) if not a.startswith("-") and (i == 0 or given[i - 1] != "--gpu-gb")]
+    header = (__doc__.split("\n\n")[0] + "\n" + USAGE + "\n\n" +
+              ("options of `model`:\n  --gpu-gb GB   memory of one GPU in GB (default 80: A100/H100 80GB)\n\n" if model
+               else "") + "Overrides are python -m ccexp's (group=option, key=value; a comma list sweeps).")
+    try:
+        shown = expand_sweep(overrides)[0]
+        print(help_text(shown, swept=shown != overrides, header=header,
+                        sections=("model", "trainer", "train") if model else ("plan", "data", "clusterer", "sampler",
+                                                                               "train"),
+                        footer="Every setting of a run: python -m ccexp --help. Outputs: <paths.outputs>/plans/."))
+    except (CcexpError, HydraException, OmegaConfBaseException) as err:
+        return error_line(err)
+    return 0
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
