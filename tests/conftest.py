@@ -13,6 +13,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+COLLECTED = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Count the tests before ``-m`` deselects any: ``{"fast": n, "slow": n, "files": [test file names]}`` in
+    ``config.stash[COLLECTED]`` (tests/test_docs_figures.py checks the counts docs/testing.md states)."""
+    slow = sum(1 for item in items if item.get_closest_marker("slow") is not None)
+    config.stash[COLLECTED] = {"fast": len(items) - slow, "slow": slow,
+                               "files": sorted({item.path.name for item in items})}
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _offline(tmp_path_factory):
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -47,9 +59,10 @@ def small_corpus(tmp_path_factory, builtin_records) -> Path:
     return path
 
 
-def run_ccexp(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m ccexp`` as a user would, in ``cwd``."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+def run_ccexp(*args: str, cwd: Path, timeout: int = 600, env: dict[str, str | None] | None = None) \
+        -> subprocess.CompletedProcess:
+    """Run ``python -m ccexp`` as a user would, in ``cwd``; ``env`` sets variables (None removes one)."""
+    env = {k: v for k, v in {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}.items() if v is not None}
     return subprocess.run([sys.executable, "-m", "ccexp", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -1,6 +1,6 @@
 """The groups that add to a run without code: ``callbacks/`` and ``logger/`` (Lightning objects built from
 ``_target_``, :mod:`ccexp.training.extras`) and ``debug/`` (tiny, overfit, profiler). Every option composes
-and each of its ``_target_`` entries is built for real; TensorBoard and the overfit run train end to end."""
+and each of its ``_target_`` entries is built for real; TensorBoard, W&B (offline) and the overfit run train end to end."""
 from __future__ import annotations
 
 import glob
@@ -30,7 +30,7 @@ def targets(node, path: str = ""):
 
 def test_the_groups_have_their_options():
     assert {g: sorted(o for gg, o in OPTIONS if gg == g) for g in ("callbacks", "logger", "debug")} == {
-        "callbacks": ["device_stats", "lr_monitor", "none", "timer"], "logger": ["mlflow", "none", "tensorboard"],
+        "callbacks": ["device_stats", "lr_monitor", "none", "timer"], "logger": ["mlflow", "none", "tensorboard", "wandb"],
         "debug": ["overfit", "profiler", "tiny"]}
 
 
@@ -51,7 +51,7 @@ def test_every_option_composes_and_each_target_is_built(group, option, tmp_path)
     expected = {("callbacks", "none"): set(), ("callbacks", "lr_monitor"): {"LearningRateMonitor"},
                 ("callbacks", "device_stats"): {"DeviceStatsMonitor"}, ("callbacks", "timer"): {"LaunchTimer"},
                 ("logger", "mlflow"): set(), ("logger", "none"): set(), ("logger", "tensorboard"): {"TensorBoardLogger"},
-                ("debug", "tiny"): set(), ("debug", "overfit"): {"RepeatFirstBatch"},
+                ("logger", "wandb"): {"WandbLogger"}, ("debug", "tiny"): set(), ("debug", "overfit"): {"RepeatFirstBatch"},
                 ("debug", "profiler"): {"SimpleProfiler"}}[group, option]
     assert {type(obj).__name__ for obj in built.values()} == expected
 
@@ -111,6 +111,39 @@ def test_tensorboard_logs_beside_the_mlflow_run_and_the_profiler_reports_into_th
     assert run.info.status == "FINISHED" and "eval/ppl" in run.data.metrics
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [round(m.value, 4) for m in sorted(history, key=lambda m: m.step)] == [round(v, 4) for v in loss]
+
+
+@pytest.mark.slow  # two real runs: about 60 s on one core
+def test_wandb_logs_offline_beside_mlflow_one_wandb_run_per_sweep_job(tmp_path):
+    """logger=wandb: no account, no network (offline mode); each job of a sweep is its own W&B run folder
+    under <outputs>/wandb/wandb/, holding the run's config, its final metrics (wandb-summary.json: the same
+    values as the MLflow run's), its training curves and its tables (in the run's transaction log)."""
+    import json
+
+    import yaml
+
+    out = tmp_path / "out"
+    env_free = {"WANDB_API_KEY": None, "WANDB_MODE": None}  # nothing of a real account may help
+    proc = run_ccexp("-m", "debug=tiny", *DATA, f"paths.outputs={out}", "logger=wandb", "sampler=random,uniform",
+                     cwd=tmp_path, env=env_free)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folders = sorted((out / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2, folders  # one per job: the first job's run was finished, not continued
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = {r.data.tags["sampler"]: r for r in client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])
+            if "sampler" in r.data.tags and r.data.tags.get("mlflow.parentRunId")}
+    seen = set()
+    for folder in folders:
+        config = yaml.safe_load((folder / "files" / "config.yaml").read_text())
+        sampler = config["sampler.name"]["value"]
+        seen.add(sampler)
+        summary = json.loads((folder / "files" / "wandb-summary.json").read_text())
+        mlflow_metrics = runs[sampler].data.metrics
+        for key in ("eval/ppl", "eval/ppl_macro", "train/loss", "sampler/active_clusters"):
+            assert summary[key] == pytest.approx(mlflow_metrics[key], rel=1e-6), key
+        log = next(folder.glob("run-*.wandb")).read_bytes()  # the history and tables, as wandb sync uploads them
+        assert b"curve/ppl" in log and b"tables/clusters" in log
+    assert seen == {"random", "uniform"}
 
 
 @pytest.mark.slow  # a real run: about 35 s on one core

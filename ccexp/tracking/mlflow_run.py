@@ -10,6 +10,7 @@ absolute, so runs launched from any folder land in one place and compare in one 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,14 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
 
     walk(container, prefix)
     return out
+
+
+def shown(value: float) -> float:
+    """``value`` to 6 significant digits (244.801 for 244.80123456; a count stays exact): the MLflow UI shows
+    a metric with all its digits and has no display precision (mlflow/mlflow#17150), and no held-out figure
+    is known to 1e-6 of itself."""
+    value = float(value)
+    return value if value.is_integer() or not math.isfinite(value) else float(f"{value:.6g}")
 
 
 class RunRecord:
@@ -184,6 +193,8 @@ class RunRecord:
                         f"{k}={flatten(self.cfg)[k]}" for k in changed)[:5000])
             self.logger.log_hyperparams(params)
             run_id = self.logger.run_id
+        for logger in self.loggers[1 if self.logger is not None else 0:]:  # TensorBoard's hparams, W&B's config
+            logger.log_hyperparams(flatten(self.cfg))
             log.info("mlflow: run %r (%s) in %s%s", self.name, run_id, self.uri,
                      ", continued from where it was interrupted" if self.continued is not None else "")
         if self.run_dir is not None and self.rank_zero:
@@ -209,6 +220,8 @@ class RunRecord:
             if exc is not None and not stopped:
                 self.client.set_tag(self.logger.run_id, "error", str(exc).splitlines()[0][:5000] if str(exc) else
                                     exc_type.__name__)
+        if exc_type is not None and self._extra:
+            self._close_extras("failed")
         self.close()
         return False
 
@@ -242,14 +255,26 @@ class RunRecord:
         return [x for x in (self.logger, *self._extra) if x is not None]
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log metrics (names made MLflow-safe by :func:`metric_keys`) at ``step`` to every logger."""
+        """Log metrics (names made MLflow-safe by :func:`metric_keys`) at ``step`` to every logger, each
+        fraction to 6 significant digits (:func:`shown`)."""
         for logger in self.loggers:
-            logger.log_metrics(metric_keys(metrics), step=step)
+            logger.log_metrics({k: shown(v) for k, v in metric_keys(metrics).items()}, step=step)
 
     def log_artifacts(self, paths: list[Path], artifact_dir: str | None = None) -> None:
+        """Copy ``paths`` into the MLflow run's ``artifact_dir``; the tables (``artifact_dir="tables"``, CSV)
+        also go to every logger of ``logger.loggers`` that takes tables (W&B's ``log_table``) as
+        ``tables/<name>``."""
         if self.logger is not None:
             for path in paths:
                 self.client.log_artifact(self.logger.run_id, str(path), artifact_dir)
+        takers = [x for x in self.loggers if x is not self.logger and hasattr(x, "log_table")]
+        if artifact_dir == "tables" and takers:
+            import pandas as pd
+
+            for path in (p for p in paths if p.suffix == ".csv"):
+                frame = pd.read_csv(path)
+                for logger in takers:
+                    logger.log_table(key=f"tables/{path.stem}", dataframe=frame)
 
     def log_stages(self, results: dict, cluster_report: tuple[dict[str, float], list[Path]], step: int,
                    curation_report: list[Path] | None = None) -> None:
@@ -283,12 +308,22 @@ class RunRecord:
         self.client.set_tag(self.logger.run_id, "fingerprints",
                             ",".join(f"{name}={r.fingerprint}" for name, r in results.items()))
 
+    def _close_extras(self, status: str) -> None:
+        """Flush and close the loggers of ``logger.loggers`` once (TensorBoard's files; a W&B run is finished,
+        so that the next run of a sweep in this process opens its own rather than continuing this one)."""
+        from lightning.pytorch.loggers import WandbLogger
+
+        for logger in self.loggers[1 if self.logger is not None else 0:]:
+            logger.finalize(status)
+            if isinstance(logger, WandbLogger) and logger._experiment is not None:
+                logger.experiment.finish(exit_code=0 if status == "success" else 1)
+        self._extra = []
+
     def finish(self, tags: dict[str, str] | None = None) -> None:
         """Set ``tags`` on the run and mark it FINISHED."""
         for key, value in (tags or {}).items():
             self.set_tag(key, value)
-        for logger in self.loggers[1 if self.logger is not None else 0:]:  # flush and close TensorBoard's files
-            logger.finalize("success")
+        self._close_extras("success")
         if self.logger is not None:
             self.client.set_terminated(self.logger.run_id, "FINISHED")
 
