@@ -1,12 +1,9 @@
 """One ccexp run, top to bottom, like a recipe: pre-flight -> cached stages (typed artifacts) ->
-sampler, token stream, model (each from its own part of the config) -> fit -> evaluate -> MLflow.
-
-The preprocessing stages are cached by content (:mod:`ccexp.stages`), so a sweep over samplers or
-models embeds and clusters once.
+sampler, token stream, model (each from its own part of the config) -> fit -> evaluate -> MLflow. The
+stages are cached by content (:mod:`ccexp.stages`): a sweep over samplers or models embeds and clusters once.
 """
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -19,20 +16,18 @@ from ccexp.evaluation.balance import write_run_files
 from ccexp.evaluation.heldout import evaluate
 from ccexp.names import run_name
 from ccexp.preflight import check_cluster_counts, preflight
-from ccexp.runtime import quiet_libraries
+from ccexp.runtime import Phases, quiet_libraries
 from ccexp.tracking.mlflow_run import RunRecord
 from ccexp.tracking.resume import find_resume
 from ccexp.training import runner
 from ccexp.training.reference import prior_options
 
-log = logging.getLogger("ccexp")
-
-
 def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, float]:
     """Run the experiment described by ``cfg``; return the evaluation metrics (rank 0; {} elsewhere)."""
-    t_start = time.perf_counter()
-    quiet_libraries()
+    phases = Phases(since=time.perf_counter() if multirun else None)  # a sweep's jobs share one process
+    quiet_libraries(sweep=multirun)
     preflight(cfg, multirun)  # every check, before any work
+    phases.mark("start")
     import lightning as L
 
     L.seed_everything(cfg.train.init_seed, workers=True, verbose=False)  # the data order has its own sampler.seed
@@ -45,7 +40,9 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
     tokenized = stage.tokenize(corpus, pretrained)
     runner.settle_budget(cfg.train, cfg.sampler, tokenized, ~corpus.heldout)  # train.passes; a budget it cannot supply
+    phases.mark("corpus+tokenize")
     embeddings = stage.embed(corpus, pretrained)
+    phases.mark("embed")
     clustering = stage.cluster(corpus, embeddings)
     kept = stage.dedup(corpus, embeddings, clustering)  # curate.dedup: near-duplicates removed (None: off)
     split = stages.train_split(corpus, clustering, cfg.sampler.level,
@@ -56,25 +53,27 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
                                    sources=source_mix(cfg.data, corpus.labels), **prior)
     stream = runner.build_token_stream(cfg.train, sampler, split, tokenized)
     model = runner.build_model(cfg.model, cfg.trainer, tokenized, pretrained, init_seed=cfg.train.init_seed)
+    phases.mark("cluster+sampler")
     # 3. train, evaluate, record
     resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs)  # a checkpoint, and its MLflow run
     with RunRecord(cfg, outputs, run_dir, continue_run=resume.run_id) as record:
         signature = runner.run_signature(cfg, stage.fingerprints(), split.num_clusters)
         fit = runner.fit(cfg, run_dir, record.loggers, stream, model, tokenized, split, corpus.labels,
                          signature=signature, resume_from=resume.checkpoint)
+        phases.mark("train")  # the fit, with the mlflow run's start and the held-out curve's points
         if not fit.is_global_zero:
             return {}
         result = evaluate(cfg.eval, fit.model, tokenized, split, corpus, run_dir, average=fit.average)
+        phases.mark("eval")
         files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, split.train_docs)
-        step = fit.steps  # the metrics' step: the last trained (train.steps unless a callback stopped it early)
-        record.log_stages(stage.results, stage.cluster_report(), step, stage.curation_report())
-        timing = {"time/eval_seconds": result.seconds, "time/total_seconds": time.perf_counter() - t_start}
-        record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(), **timing}, step)
-        for path, folder in files:
+        # the metrics' step: fit.steps, the last trained (train.steps unless a callback stopped it early)
+        record.log_stages(stage.results, stage.cluster_report(), fit.steps, stage.curation_report())
+        record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(),
+                            "time/eval_seconds": result.seconds, **phases.metrics()}, fit.steps)
+        for path, folder in [*files, (phases.write(run_dir / "timing.json", stage.fingerprints()), None)]:
             record.log_artifacts([path], folder)
         fit.raise_if_stopped_early(cfg.train.steps)  # incomplete: KILLED, not FINISHED; a resume continues it
         record.finish({**{f"eval_error/{part}": msg for part, msg in result.errors.items()},
                        "stream_digest": fit.stream.digest})
-    log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s", record.name,
-             time.perf_counter() - t_start, fit.seconds, fit.module.tokens_seen / fit.seconds, run_dir)
+    phases.done(record.name, fit.seconds, fit.module.tokens_seen, run_dir)  # the time: and done: lines
     return result.metrics

@@ -1,13 +1,19 @@
-"""Process-wide settings of a run: offline flags and one line per library message."""
+"""Process-wide settings of a run: offline flags, one line per library message, and the run's phase times."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 import warnings
+from pathlib import Path
 
 
-def quiet_libraries() -> None:
-    """Offline flags, and one line per message through Hydra's handlers (no duplicate or tip lines)."""
+def quiet_libraries(sweep: bool = False) -> None:
+    """Offline flags, and one line per message through Hydra's handlers (no duplicate or tip lines); in a
+    ``sweep`` run in this process, each warning once on the console (:func:`once_on_the_console`)."""
+    if sweep:
+        once_on_the_console()
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(key, "1")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
@@ -29,3 +35,87 @@ def quiet_libraries() -> None:
             hf_logging.disable_progress_bar()
         except ImportError:
             pass
+
+
+class OnceOnTheConsole(logging.Filter):
+    """Pass a warning to the console once per process: the jobs of a local sweep share one process, and the
+    same line (the same corpus, the same setting) from each job says nothing new. Each job's log file still
+    holds every line (the filter sits on the console handlers only)."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        key = (record.name, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+_ONCE: dict[int, OnceOnTheConsole] = {}  # id(a console's stream) -> its filter: what that console has shown
+
+
+def once_on_the_console() -> None:
+    """Give each console handler of the root logger the :class:`OnceOnTheConsole` of its stream (Hydra makes new
+    handlers for each job of a sweep, on the same stdout: the filter, and what it has shown, is the stream's)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                and not any(isinstance(f, OnceOnTheConsole) for f in handler.filters):
+            handler.addFilter(_ONCE.setdefault(id(handler.stream), OnceOnTheConsole()))
+
+
+class Phases:
+    """Wall-clock seconds of a run's phases, in order: ``start`` (from ``since``, a ``time.perf_counter()``
+    value, or else from the process's start: Python, imports, Hydra's composition and the pre-flight), then
+    each :meth:`mark`'s phase since the previous mark."""
+
+    def __init__(self, since: float | None = None) -> None:
+        import psutil
+
+        self._last = time.perf_counter()
+        start = self._last - since if since is not None else time.time() - psutil.Process().create_time()
+        self.seconds: dict[str, float] = {"start": max(0.0, start)}
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def line(self) -> str:
+        """``time: 112 s = start 14 s (12%) · embed 50 s (45%) · ...``, every phase of at least 0.5 s."""
+        total = self.total
+        parts = [f"{name} {secs:.0f} s ({100 * secs / total:.0f}%)" for name, secs in self.seconds.items()
+                 if secs >= 0.5]
+        return f"time: {total:.0f} s = " + " · ".join(parts)
+
+    def metrics(self) -> dict[str, float]:
+        """``time/phase_<phase>_seconds`` for each phase (``+`` as ``_``) and ``time/total_seconds``, the
+        ``reports`` phase marked first."""
+        self.mark("reports")
+        return {**{f"time/phase_{name.replace('+', '_')}_seconds": secs for name, secs in self.seconds.items()},
+                "time/total_seconds": self.total}
+
+    def done(self, name: str, train_seconds: float, tokens: int, run_dir: Path) -> None:
+        """Close the ``reports`` phase and log the run's last two lines: :meth:`line`, then ``done:`` with the
+        run's name, time, training throughput, folder and balance report."""
+        self.mark("reports")
+        log = logging.getLogger("ccexp")
+        log.info(self.line())
+        balance = run_dir / "balance" / "balance.md"
+        log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s%s", name, self.total, train_seconds,
+                 tokens / train_seconds, run_dir, f"; balance report: {balance}" if balance.is_file() else "")
+
+    def write(self, path: Path, stages: dict[str, str]) -> Path:
+        """``{"total_seconds": ..., "seconds": {phase: s}, "stages": {stage: fingerprint}}`` as JSON (what
+        benches/bench_first_run.py reads; the fingerprints name the stages' folders in the cache)."""
+        path.write_text(json.dumps({"total_seconds": self.total, "seconds": self.seconds, "stages": stages},
+                                   indent=1) + "\n")
+        return path
