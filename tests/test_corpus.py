@@ -143,3 +143,19 @@ def test_a_long_text_tokenized_in_pieces_gives_the_same_ids(tmp_path):
     whole = tok(text, add_special_tokens=False)["input_ids"]
     tokens, offsets = encode_corpus(tok, [text, "short one"])
     assert tokens[: offsets[1]].tolist() == whole  # a byte-level BPE reads the pieces as it reads the whole
+
+
+def test_a_label_field_of_fractional_numbers_is_read_but_warned_about(tmp_path, caplog):
+    """A score per record given as a label field would make hundreds of one-document groups: the corpus is
+    read (the values are labels as asked), with a warning naming the field and what to do instead."""
+    import logging
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i}", "quality": i + 0.5, "domain": "ab"[i % 2]}) + "\n"
+                            for i in range(1, 301)))
+    with caplog.at_level(logging.WARNING, logger="ccexp"):
+        c = read_corpus(path, label_fields=["domain", "quality"])
+    assert len(set(c.labels["quality"])) == 300
+    lines = [r.getMessage() for r in caplog.records if "label field" in r.getMessage()]
+    assert len(lines) == 1 and "'quality' holds a fractional number in 300 of 300 records" in lines[0]
+    assert "bin the numbers" in lines[0]

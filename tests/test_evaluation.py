@@ -55,3 +55,19 @@ def test_local_lm_eval_tasks_have_absolute_paths_and_true_continuations(tmp_path
     assert len(rows) == 30 and all(len(r["choices"]) == 4 for r in rows)
     assert all(r["context"] + r["choices"][r["label"]] in texts for r in rows)
     assert len({r["label"] for r in rows}) > 1  # the true answer is not always in one position
+
+
+def test_the_size_quintiles_say_why_they_are_absent(caplog):
+    """ppl_rare / ppl_common need two non-empty training clusters, and held-out tokens in the fifth they
+    average; where they cannot be computed a warning says why, instead of the metric silently missing."""
+    import logging
+
+    nll, ntok = np.array([2.0, 4.0, 9.0]), np.array([2, 2, 3])
+    with caplog.at_level(logging.WARNING, logger="ccexp"):
+        one = summarize(nll, ntok, np.zeros(3, dtype=int), 1, sizes=np.array([10])).metrics
+    assert "ppl_rare" not in one and "this run has 1 non-empty cluster(s); use clusterer.k >= 2" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ccexp"):  # the smallest cluster (2) has no held-out document
+        m = summarize(nll, ntok, np.array([0, 0, 1]), 3, sizes=np.array([50, 40, 3])).metrics
+    assert "ppl_rare" not in m and m["ppl_common"] == pytest.approx(np.exp(1.5))
+    assert "no ppl_rare: none of the 1 smallest training cluster(s) (2) has a held-out document" in caplog.text

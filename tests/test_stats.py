@@ -78,3 +78,11 @@ def test_signal_is_the_spread_of_means_and_noise_the_pooled_seed_sd():
     sn = signal_and_noise(groups)
     assert sn["signal"] == pytest.approx(11.0) and sn["noise"] == pytest.approx(math.sqrt((2.0 + 8.0) / 2))
     assert sn["snr"] == pytest.approx(11.0 / math.sqrt(5.0)) and sn["signal_rel"] == pytest.approx(11.0 / 16.5)
+
+
+@given(st.floats(-1e6, 1e6, allow_nan=False, width=32), st.integers(2, 12))
+def test_a_constant_metric_has_zero_spread_and_its_own_mean(value, n):
+    """A metric every seed scores alike (0.2 three times) is that value ± 0 exactly, not 0.2 ± 8.4e-17."""
+    mean, half = mean_ci([value] * n)
+    assert mean == value and half == 0.0
+    assert signal_and_noise({"a": [value] * n, "b": [value] * n})["noise"] == 0.0

@@ -408,12 +408,21 @@ class _FieldCensus:
         self.records = 0
         self.seen: dict[str, int] = {}
         self.values: dict[str, set] = {}
+        self.numbers = dict.fromkeys(label_fields, 0)  # records whose label is a non-integral number
+        self.distinct: dict[str, set] = {name: set() for name in label_fields}  # label values, up to MANY + 1
+
+    MANY = 64  # more label values than this, from numbers: a measurement, not a category
 
     def add(self, rec: dict) -> None:
         self.records += 1
         for name in self.missing:
-            if rec.get(name) in (None, ""):
+            value = rec.get(name)
+            if value in (None, ""):
                 self.missing[name] += 1
+            elif isinstance(value, float) and not value.is_integer():
+                self.numbers[name] += 1
+            if len(self.distinct[name]) <= self.MANY:
+                self.distinct[name].add(_label_value(value))
         if self.records <= self.SAMPLE:
             for key, value in rec.items():
                 self.seen[key] = self.seen.get(key, 0) + 1
@@ -438,6 +447,12 @@ class _FieldCensus:
             if warn and missing > self.records / 2:
                 log.warning("corpus: label field %r is missing or empty in %s of %s records; they count as the value "
                             "'(none)'", name, f"{missing:,}", f"{self.records:,}")
+            if warn and self.numbers[name] > self.records / 2 and len(self.distinct[name]) > self.MANY:
+                log.warning("corpus: label field %r holds a fractional number in %s of %s records (more than %d "
+                            "distinct values): each value is a label of its own, a group of a few documents; a label "
+                            "is a category (a domain, a source): bin the numbers into a few named ranges first, or "
+                            "leave the field out of data.label_fields", name, f"{self.numbers[name]:,}",
+                            f"{self.records:,}", self.MANY)
 
     def hint(self, skip: set) -> list[list]:
         """[field, values, examples] for each field that looks like a label (a string with 2 to 64 values in

@@ -133,6 +133,13 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
         metrics.update(_bits_per_byte(nll, nbytes, clusters, c_nll, scored, num_clusters))
     if sizes is not None and np.count_nonzero(sizes) >= 2:
         metrics.update(_size_quintile_ppl(sizes, c_nll, c_tok))
+    elif sizes is not None:
+        import logging
+
+        logging.getLogger("ccexp").warning(
+            "eval: no ppl_rare / ppl_common: they compare the smallest and the largest fifth of the training "
+            "clusters, and this run has %d non-empty cluster(s); use clusterer.k >= 2 (>= 5 for true fifths)",
+            int(np.count_nonzero(sizes)))
     for c in np.flatnonzero(present):
         metrics[f"ppl_cluster/{c:04d}"] = float(c_ppl[c])
     for name, values in (labels or {}).items():
@@ -175,6 +182,13 @@ def _size_quintile_ppl(sizes: np.ndarray, c_nll: np.ndarray, c_tok: np.ndarray) 
         tok = c_tok[group].sum()
         if tok > 0:
             metrics[name] = float(np.exp(c_nll[group].sum() / tok))
+        else:
+            import logging
+
+            logging.getLogger("ccexp").warning(
+                "eval: no %s: none of the %d %s training cluster(s) (%s) has a held-out document; a larger "
+                "held-out split (data.heldout_fraction) or fewer clusters gives it one", name, group.size,
+                "smallest" if name == "ppl_rare" else "largest", ", ".join(map(str, group[:8].tolist())))
     return metrics
 
 

@@ -13,7 +13,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ccexp.tracking.stats import MAX_SEEDS, seeds_for_half_width, seeds_to_detect, signal_and_noise, verdict
+from ccexp.tracking.stats import (MAX_SEEDS, sample_sd, seeds_for_half_width, seeds_to_detect, signal_and_noise,
+                                  verdict)
 
 # the metrics a verdict is given for, in this order (then every per-label perplexity), with their names
 HEADLINE_NAMES = {"eval/ppl": "overall ppl", "eval/ppl_macro": "macro ppl (clusters equal)",
@@ -65,7 +66,7 @@ def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> li
     for m in verdict_metrics(comparison.metrics):
         for g, d in comparison.paired.get(m, {}).items():
             diffs, base = d["diffs"], d["baseline_mean"]
-            sd = float(__import__("numpy").std(diffs, ddof=1)) if len(diffs) >= 2 else math.nan
+            sd = sample_sd(diffs) if len(diffs) >= 2 else math.nan
             lower = not m.startswith("lm_eval/") or m.endswith("perplexity")
             known = not math.isnan(sd)
             rows.append(Row(m, g, len(diffs), base, d["mean"], d["half"], sd,
