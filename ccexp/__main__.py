@@ -1,10 +1,10 @@
-"""``python -m ccexp [overrides]``: the Hydra entry point (thin; the run is :func:`ccexp.pipeline.run`).
+"""``python -m ccexp [overrides]``: the Hydra entry point (thin; the run is [`ccexp.pipeline.run`][ccexp.pipeline.run]).
 
 User errors (bad config, bad input, missing files) print one line, ``ccexp: error: ...``, and exit 2.
 A signal (SIGTERM from Slurm or Kubernetes, SIGINT from Ctrl-C) stops the run with one line and
 status 128 + signal (143, 130) after saving a checkpoint to resume from; in a job of
 ``hydra/launcher=slurm`` the same holds, and SIGUSR2 (the job's time limit is near) stops it too
-and has submitit requeue it (:mod:`ccexp.tracking.launcher`). In a sweep (``-m``) a job that fails
+and has submitit requeue it ([`ccexp.tracking.launcher`][ccexp.tracking.launcher]). In a sweep (``-m``) a job that fails
 records its line in its folder and the sweep goes on; the sweep then exits 1 with the list of
 failed jobs.
 """
@@ -177,7 +177,7 @@ def with_typo_hint(message: str, argv: list[str]) -> str:
 
 def help_overrides(argv: list[str]) -> list[str]:
     """The overrides of a ``--help`` call: flags dropped, each sweep (a comma list, ``range(...)``) at its
-    first value, as Hydra's override grammar reads them (:func:`ccexp.plan.expand_sweep`).
+    first value, as Hydra's override grammar reads them ([`ccexp.plan.expand_sweep`][ccexp.plan.expand_sweep]).
 
     Raises:
         hydra.errors.HydraException: for an override the grammar cannot read.

@@ -4,7 +4,7 @@ A stage's fingerprint hashes its own config, the fingerprints of its inputs and 
 (the Marin executor's rule: an output path is its step's config plus inputs). A stage writes into
 a temporary sibling folder and renames it into place only when complete, after writing a
 ``DONE`` marker, so an interrupted stage never looks finished and is simply recomputed. Runs that
-need the same stage at once serialise on a per-fingerprint file lock (:meth:`StageStore.lock`): one
+need the same stage at once serialise on a per-fingerprint file lock ([`StageStore.lock`][ccexp.artifacts.StageStore.lock]): one
 computes, the others wait and reuse its output.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def file_digest(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def path_digest(path: Path) -> str:
-    """:func:`file_digest` of a file; of a folder (a ``datasets`` folder), SHA-256 (16 hex digits) over its
+    """[`file_digest`][ccexp.artifacts.file_digest] of a file; of a folder (a ``datasets`` folder), SHA-256 (16 hex digits) over its
     files' relative paths and digests, in sorted order."""
     path = Path(path)
     if not path.is_dir():
@@ -129,7 +129,7 @@ def _host() -> str:
 
 def _remove_orphans(stage_dir: Path) -> None:
     """Delete temporary folders left by writers that were killed: on this node, those whose process no
-    longer exists; another node's (a shared file system) only when untouched for :data:`STALE_S`
+    longer exists; another node's (a shared file system) only when untouched for [`STALE_S`][ccexp.artifacts.STALE_S]
     seconds, since its process cannot be checked from here."""
     for tmp in stage_dir.glob(".tmp-*"):
         name, _, host = tmp.name.partition("~")

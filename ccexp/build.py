@@ -12,7 +12,7 @@ from ccexp.errors import CcexpError
 
 def settings(node: DictConfig, group: str) -> set[str]:
     """The keys of ``group``'s option ``node`` that its schema declares settings for ccexp, not constructor
-    arguments (:func:`ccexp.config.setting`); for a ``_target_`` no schema names, those of every schema
+    arguments ([`ccexp.config.setting`][ccexp.config.setting]); for a ``_target_`` no schema names, those of every schema
     of the group."""
     from ccexp import config
 
@@ -24,7 +24,7 @@ def settings(node: DictConfig, group: str) -> set[str]:
 
 def build(node: DictConfig, group: str, **runtime: Any) -> Any:
     """Instantiate ``node`` (a config group entry with ``_target_``) with ``runtime`` keyword arguments;
-    the keys its schema declares settings (:func:`settings`) are not passed.
+    the keys its schema declares settings ([`settings`][ccexp.build.settings]) are not passed.
 
     Raises:
         CcexpError: if the target cannot be imported or rejects the arguments (the group is named).

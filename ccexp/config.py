@@ -4,7 +4,7 @@ its default and its range are written.
 Every config group option lists its schema first in its defaults list (``/schema_<group>_<name>``),
 so a misspelt key or a wrong type fails at compose time naming the key; the YAML options under
 ``ccexp/conf/`` set only what differs from the schema. A field's lower bound sits next to it
-(``ge(low, default)``) and :func:`ccexp.preflight.preflight` checks it before any work; values that
+(``ge(low, default)``) and `ccexp.preflight.preflight` checks it before any work; values that
 only a component can judge (a sampler's options, a clusterer's levels) are checked by its
 constructor, which pre-flight calls on a stand-in.
 """
@@ -22,20 +22,20 @@ from ccexp.errors import CcexpError
 
 def ge(low: float, default: Any = MISSING, *, setting: bool = False, **kw) -> Any:
     """A field whose value must be ``>= low`` (None passes for Optional fields), checked by pre-flight;
-    ``setting``: as :func:`setting`."""
+    ``setting``: as [`setting`][ccexp.config.setting]."""
     return field(default=default, metadata={"min": low, "setting": setting}, **kw)
 
 
 def setting(default: Any = MISSING, **kw) -> Any:
     """A field that an option carries for ccexp (its name, the level a sampler balances at, the tokenizer of a
-    model), not a keyword argument of its ``_target_``: :func:`ccexp.build.build` leaves it out."""
+    model), not a keyword argument of its ``_target_``: `ccexp.build.build` leaves it out."""
     if "default_factory" in kw:
         return field(metadata={"setting": True}, **kw)
     return field(default=default, metadata={"setting": True}, **kw)
 
 
 def settings_of(schema: type | None) -> set[str]:
-    """The fields of ``schema`` (a dataclass, or None) declared with :func:`setting` (or ``ge(setting=True)``)."""
+    """The fields of ``schema`` (a dataclass, or None) declared with [`setting`][ccexp.config.setting] (or ``ge(setting=True)``)."""
     import dataclasses
 
     if schema is None:
@@ -415,7 +415,7 @@ class LabelGroupsConfig(Clusterer):
 @dataclass
 class SelectionConfig:
     """Balanced selection (Vo et al. 2024 §3.2): keep ``target`` training documents, water-filled over
-    the clustering's levels from the coarsest down (:mod:`ccexp.clustering.selection`); null = keep all."""
+    the clustering's levels from the coarsest down ([`ccexp.clustering.selection`][ccexp.clustering.selection]); null = keep all."""
 
     target: Optional[int] = ge(1, None)  # training documents to keep; null = all
     strategy: str = "random"  # random | closest (to the finest centroid)
@@ -425,7 +425,7 @@ class SelectionConfig:
 @dataclass
 class DedupConfig:
     """Semantic deduplication inside the finest clusters (SemDeDup, Abbas et al. 2023;
-    :mod:`ccexp.clustering.dedup`), a cached curation step before the sampler; off unless ``enabled``."""
+    [`ccexp.clustering.dedup`][ccexp.clustering.dedup]), a cached curation step before the sampler; off unless ``enabled``."""
 
     enabled: bool = False  # remove near-duplicate training documents before sampling
     threshold: float = 0.95  # cosine similarity in (0, 1] above which two training documents are near-duplicates
@@ -455,8 +455,8 @@ class SamplerConfig:
     @classmethod
     def prior_run(cls, node: Any) -> str | None:
         """The model the run trains before this sampler can be built: ``"reference"`` (DoReMi's reference
-        losses, :func:`ccexp.training.reference.reference_losses`), ``"proxy"`` (DoReMi's proxy run that
-        learns the mixture, :func:`ccexp.training.reference.proxy_weights`), or None."""
+        losses, `ccexp.training.reference.reference_losses`), ``"proxy"`` (DoReMi's proxy run that
+        learns the mixture, `ccexp.training.reference.proxy_weights`), or None."""
         return None
 
     @classmethod
@@ -636,7 +636,7 @@ class HFCausalLMConfig(ModelSource):
 
 @dataclass
 class FSDPConfig:
-    """``trainer.strategy=fsdp`` (:mod:`ccexp.training.distributed`)."""
+    """``trainer.strategy=fsdp`` (`ccexp.training.distributed`)."""
 
     auto_wrap: Optional[str] = "decoder_layer"  # decoder_layer (the model's _no_split_modules) | null (one unit)
     activation_checkpointing: bool = True  # recompute each decoder layer's activations in the backward pass
@@ -708,7 +708,7 @@ class EvalConfig:
 
 @dataclass
 class PlanConfig:
-    """``python -m ccexp.plan``: a policy's token stream without a model (:mod:`ccexp.data.simulate`)."""
+    """``python -m ccexp.plan``: a policy's token stream without a model (`ccexp.data.simulate`)."""
 
     source: str = "corpus"  # corpus (this config's own cached stages) | synthetic (the numbers below)
     clusters: int = ge(1, 10000)  # synthetic: K
@@ -721,7 +721,7 @@ class PlanConfig:
 
 @dataclass
 class ReportConfig:
-    """How a sweep's runs are compared (:mod:`ccexp.tracking.report`, :mod:`ccexp.tracking.verdict`)."""
+    """How a sweep's runs are compared (`ccexp.tracking.report`, [`ccexp.tracking.verdict`][ccexp.tracking.verdict])."""
 
     baseline: str = "random"  # the sampler every other is paired with, seed by seed
     min_effect: float = 0.02  # the smallest difference that matters, as a share of the baseline's mean
@@ -785,7 +785,7 @@ def schema_for(group: str, target: Any) -> type | None:
 
 def child_schema(schema: type, key: str, node: Any) -> type | None:
     """The schema of ``schema``'s field ``key`` whose composed value is ``node``: for a config group of the
-    root (``sampler``, ``model``, ...) the one registered for its ``_target_`` (:func:`schema_for`), else the
+    root (``sampler``, ``model``, ...) the one registered for its ``_target_`` ([`schema_for`][ccexp.config.schema_for]), else the
     dataclass the field is annotated with (``Optional`` unwrapped); None for a field of plain values."""
     import dataclasses
     import typing
@@ -798,7 +798,7 @@ def child_schema(schema: type, key: str, node: Any) -> type | None:
 
 
 def component(group: str, node: Any) -> type:
-    """The schema that declares what the ``group`` option ``node`` is (:func:`schema_for` its ``_target_``);
+    """The schema that declares what the ``group`` option ``node`` is ([`schema_for`][ccexp.config.schema_for] its ``_target_``);
     for a ``_target_`` no schema names, the group's declarations with their defaults."""
     defaults = {"clusterer": Clusterer, "sampler": SamplerConfig, "embedder": Embedder, "model": ModelSource}
     found = schema_for(group, node.get("_target_"))

@@ -4,7 +4,7 @@ away (the local store the run's last line names, ``<run folder>/mlflow-local``).
 Every run of that store not yet delivered goes into the server run it stands for (or a new run there, when
 it was begun while the server was away, or the server no longer has it): every metric value with its
 step and timestamp, the params, the tags, the artifact files and the run's end. Delivering twice is
-harmless. See :mod:`ccexp.tracking.server`.
+harmless. See [`ccexp.tracking.server`][ccexp.tracking.server].
 
 Usage:
     python -m ccexp.deliver outputs/runs/<date>/<time>-<pid>/mlflow-local
@@ -20,7 +20,9 @@ from ccexp.errors import CcexpError
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ccexp.deliver", description=__doc__,
+    from ccexp.help import plain
+
+    ap = argparse.ArgumentParser(prog="python -m ccexp.deliver", description=plain(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("store", help="the local store's folder (the run's line names it), or the run folder holding it")
     ap.add_argument("--tracking-uri", default=None, help="the server to deliver to (default: the one each run records)")

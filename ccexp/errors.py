@@ -1,7 +1,7 @@
-"""The exception types a user sees: :class:`CcexpError` for problems a user can fix (bad input, bad
-config, missing files) and :class:`Interrupted` for a run stopped by a signal.
+"""The exception types a user sees: [`CcexpError`][ccexp.errors.CcexpError] for problems a user can fix (bad input, bad
+config, missing files) and [`Interrupted`][ccexp.errors.Interrupted] for a run stopped by a signal.
 
-The command-line entry point prints a :class:`CcexpError` as a single line, ``ccexp: error: ...``,
+The command-line entry point prints a [`CcexpError`][ccexp.errors.CcexpError] as a single line, ``ccexp: error: ...``,
 and exits with status 2; any other exception is a bug and keeps its traceback.
 """
 
@@ -49,7 +49,7 @@ class StoppedEarly(BaseException):
 
 
 def raise_interrupted(signum, frame) -> None:
-    """A signal handler: raise :class:`Interrupted` for ``signum``, with SIGINT and SIGTERM ignored from then
+    """A signal handler: raise [`Interrupted`][ccexp.errors.Interrupted] for ``signum``, with SIGINT and SIGTERM ignored from then
     on, so no further signal cuts short the closing of the run (MLflow KILLED, status files)."""
     import signal
 
@@ -59,7 +59,7 @@ def raise_interrupted(signum, frame) -> None:
 
 
 class Refused(BaseException):
-    """A :class:`CcexpError` raised where a framework would swallow an ``Exception`` (Hydra catches
+    """A [`CcexpError`][ccexp.errors.CcexpError] raised where a framework would swallow an ``Exception`` (Hydra catches
     what its callbacks raise): the CLI prints it as one line and exits with status 2."""
 
 

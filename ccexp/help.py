@@ -1,5 +1,5 @@
 """``python -m ccexp --help``: what ccexp answers, how to call it, its config groups and every setting with
-its value and the description its schema (:mod:`ccexp.config`) gives it. ``--help`` after overrides shows
+its value and the description its schema ([`ccexp.config`][ccexp.config]) gives it. ``--help`` after overrides shows
 the settings of that composition (``python -m ccexp sampler=clusterclip --help`` lists the clip threshold).
 Everything here reads the shipped config files and the schemas' source; nothing imports torch."""
 from __future__ import annotations
@@ -97,6 +97,12 @@ def _settings(node: DictConfig, schema: type | None, prefix: str, lines: list[st
         lines.append(f"{setting:<{_COLUMN - 1}} {wrapped[0]}" if len(setting) < _COLUMN - 1 else
                      f"{setting}\n{'':<{_COLUMN}}{wrapped[0]}")
         lines += [f"{'':<{_COLUMN}}{more}" for more in wrapped[1:]]
+
+
+def plain(doc: str) -> str:
+    """A docstring as a terminal shows it: a cross-reference ``[`name`][ccexp.x.name]`` (mkdocstrings' syntax,
+    a link on the docs site) as ``name``, and RST's double backticks as single ones."""
+    return re.sub(r"\[`([^`]+)`\]\[[\w.]+\]", r"\1", doc).replace("``", "`")
 
 
 def groups() -> dict[str, list[str]]:

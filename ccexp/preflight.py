@@ -1,8 +1,8 @@
 """Pre-flight: every check of a composed config, in one call, before any stage runs — so a bad option
-costs seconds, not an embedding pass. Each failure is one :class:`CcexpError` line naming the key and
+costs seconds, not an embedding pass. Each failure is one [`CcexpError`][ccexp.errors.CcexpError] line naming the key and
 the fix.
 
-What is checked where: keys and lower bounds come from the schemas (:mod:`ccexp.config`, the one
+What is checked where: keys and lower bounds come from the schemas ([`ccexp.config`][ccexp.config], the one
 place they are written); a component's own options are checked by its constructor, which
 pre-flight calls on a stand-in (the sampler over K one-document clusters, the clusterer, the
 embedder without loading its model); cross-field rules (the token budget over ranks and
@@ -31,7 +31,7 @@ _GROUPS_WITH_TARGETS = ("data", "embedder", "clusterer", "sampler", "model", "tr
 
 
 def preflight(cfg: DictConfig, multirun: bool = False) -> None:
-    """Raise :class:`CcexpError` for the first invalid setting in ``cfg`` (``multirun``: the run is a
+    """Raise [`CcexpError`][ccexp.errors.CcexpError] for the first invalid setting in ``cfg`` (``multirun``: the run is a
     job of a sweep, where a strategy that re-launches the script is refused)."""
     _check_keys_and_bounds(cfg, schemas.RootConfig, "")
     _check_missing(cfg)
@@ -180,7 +180,7 @@ def check_sweep_values(overrides: list[str], compose=None) -> None:
 
     Args:
         overrides: the sweep's overrides (Hydra's grammar: ``a=1,2 b=x``).
-        compose: ``overrides -> config``; by default :func:`ccexp.config.compose` (outside a running Hydra app).
+        compose: ``overrides -> config``; by default [`ccexp.config.compose`][ccexp.config.compose] (outside a running Hydra app).
 
     Raises:
         CcexpError: naming the value that is not an option and why.
@@ -211,7 +211,7 @@ def check_sweep_values(overrides: list[str], compose=None) -> None:
 
 
 def preflight_stream(cfg: DictConfig) -> None:
-    """The checks that a model-free stream plan needs (:mod:`ccexp.plan`): keys and bounds, the token
+    """The checks that a model-free stream plan needs ([`ccexp.plan`][ccexp.plan]): keys and bounds, the token
     budget over ranks and micro-batches, and the sampler, clusterer and embedder's own options.
 
     Raises:
@@ -244,7 +244,7 @@ def relaunching_strategy(cfg: DictConfig) -> bool:
 
 
 def refuse_relaunch_in_multirun(cfg: DictConfig) -> None:
-    """Raise the one-line refusal of :func:`relaunching_strategy` (in a multirun only).
+    """Raise the one-line refusal of [`relaunching_strategy`][ccexp.preflight.relaunching_strategy] (in a multirun only).
 
     Raises:
         CcexpError: naming the strategy and the launchers that work.
@@ -447,7 +447,7 @@ def _check_components(cfg: DictConfig) -> None:
 
 def check_cluster_counts(clusterer: DictConfig, train_documents: int) -> None:
     """Once the corpus is read, before any embedding: no clustering level asks for more clusters than there
-    are training documents (the clusterer's own check, :func:`ccexp.clustering.kmeans.check_k`).
+    are training documents (the clusterer's own check, [`ccexp.clustering.kmeans.check_k`][ccexp.clustering.kmeans.check_k]).
 
     Raises:
         CcexpError: naming the setting and the number of training documents.

@@ -1,4 +1,4 @@
-"""``python -m ccexp.report``: the comparison report of a sweep (see :mod:`ccexp.tracking.report`)."""
+"""``python -m ccexp.report``: the comparison report of a sweep (see [`ccexp.tracking.report`][ccexp.tracking.report])."""
 from ccexp.tracking.report import main
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def quiet_libraries(sweep: bool = False) -> None:
     """Offline flags, and one line per message through Hydra's handlers (no duplicate or tip lines); in a
-    ``sweep`` run in this process, each warning once on the console (:func:`once_on_the_console`)."""
+    ``sweep`` run in this process, each warning once on the console ([`once_on_the_console`][ccexp.runtime.once_on_the_console])."""
     if sweep:
         once_on_the_console()
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -60,7 +60,7 @@ _ONCE: dict[int, OnceOnTheConsole] = {}  # id(a console's stream) -> its filter:
 
 
 def once_on_the_console() -> None:
-    """Give each console handler of the root logger the :class:`OnceOnTheConsole` of its stream (Hydra makes new
+    """Give each console handler of the root logger the [`OnceOnTheConsole`][ccexp.runtime.OnceOnTheConsole] of its stream (Hydra makes new
     handlers for each job of a sweep, on the same stdout: the filter, and what it has shown, is the stream's)."""
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
@@ -71,7 +71,7 @@ def once_on_the_console() -> None:
 class Phases:
     """Wall-clock seconds of a run's phases, in order: ``start`` (from ``since``, a ``time.perf_counter()``
     value, or else from the process's start: Python, imports, Hydra's composition and the pre-flight), then
-    each :meth:`mark`'s phase since the previous mark."""
+    each [`mark`][ccexp.runtime.Phases.mark]'s phase since the previous mark."""
 
     def __init__(self, since: float | None = None) -> None:
         import psutil
@@ -104,7 +104,7 @@ class Phases:
                 "time/total_seconds": self.total}
 
     def done(self, name: str, train_seconds: float, tokens: int, run_dir: Path) -> None:
-        """Close the ``reports`` phase and log the run's last two lines: :meth:`line`, then ``done:`` with the
+        """Close the ``reports`` phase and log the run's last two lines: [`line`][ccexp.runtime.Phases.line], then ``done:`` with the
         run's name, time, training throughput, folder and balance report."""
         self.mark("reports")
         log = logging.getLogger("ccexp")

@@ -11,7 +11,7 @@ rule: a step is its config plus its inputs, and its output path is their hash).
 | tokenize | ``model.tokenizer``'s kind, vocabulary size and separator | the corpus's content; the model stage; the tokenizer folder's bytes |
 | reference | its training run's: model, trainer numerics, the ``train.*`` that shape the stream and the optimiser, seeds, steps, documents scored, ``eval.max_tokens`` | the corpus, clustering, tokenizer and model stages; the model's weights; the training split it trains on |
 
-Every key also holds the code that computes its stage — :func:`code_digest`, over the abstract syntax
+Every key also holds the code that computes its stage — [`code_digest`][ccexp.stage_keys.code_digest], over the abstract syntax
 trees of the modules that compute it, so a comment or a docstring changes nothing while any change to
 the algorithm does (no hand-kept version number) — and the versions of the libraries whose numbers
 reach its output. Settings that do not change the output (``embedder.batch_size``, a device, logging)
@@ -60,7 +60,7 @@ STAGE_LIBRARIES: dict[str, tuple[str, ...]] = {
 
 @functools.cache
 def code_digest(stage: str) -> str:
-    """16 hex digits over the syntax trees (without docstrings) of :data:`STAGE_CODE` ``[stage]``."""
+    """16 hex digits over the syntax trees (without docstrings) of [`STAGE_CODE`][ccexp.stage_keys.STAGE_CODE] ``[stage]``."""
     h = hashlib.sha256()
     for entry in STAGE_CODE[stage]:
         module, _, name = entry.partition(":")
@@ -78,7 +78,7 @@ def code_digest(stage: str) -> str:
 
 @functools.cache
 def library_versions(stage: str) -> dict[str, str]:
-    """The installed versions of :data:`STAGE_LIBRARIES` ``[stage]`` (those installed)."""
+    """The installed versions of [`STAGE_LIBRARIES`][ccexp.stage_keys.STAGE_LIBRARIES] ``[stage]`` (those installed)."""
     out = {}
     for name in STAGE_LIBRARIES.get(stage, ()):
         try:
@@ -132,7 +132,7 @@ def content_digest(path: str | Path, cache: Path | None = None, *, record: bool 
 
 def object_digest(objects: list[dict]) -> str:
     """``objects:`` and 16 hex digits over what an object store says identifies each object of a remote corpus
-    (:meth:`ccexp.data.remote.RemoteSource.identity`: URL, size, ETag / version id / generation): a changed
+    ([`ccexp.data.remote.RemoteSource.identity`][ccexp.data.remote.RemoteSource.identity]: URL, size, ETag / version id / generation): a changed
     object changes it, without its bytes being read."""
     text = json.dumps(sorted(objects, key=lambda o: o["name"]), sort_keys=True, default=str)
     return "objects:" + hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -144,7 +144,7 @@ def _settings(node: DictConfig, drop: tuple[str, ...]) -> dict:
 
 def corpus_key(data: DictConfig, source_digest: str) -> tuple[dict, dict]:
     """(settings, inputs) of the corpus stage: ``data.*`` but its name, path and sources; the source's bytes (for
-    a URL, :func:`object_digest` of its objects; for ``data.sources``, each source's name and digest, in order:
+    a URL, [`object_digest`][ccexp.stage_keys.object_digest] of its objects; for ``data.sources``, each source's name and digest, in order:
     their weights only steer the sampler). ``data.max_documents`` over several sources subsamples the corpus
     as one (before it subsampled each source: such a cached corpus is not reused)."""
     over = {"max_documents_of": "corpus"} if data.get("sources") and data.get("max_documents") else {}
@@ -208,7 +208,7 @@ def reference_key(cfg: DictConfig, upstream: dict[str, str], weights: str | None
 def proxy_key(proxy: DictConfig, steps: int, upstream: dict[str, str], weights: str | None, split: str,
               reference_losses: str) -> tuple[dict, dict]:
     """(settings, inputs) of DoReMi's proxy run: its training run's settings as the reference run's
-    (:func:`reference_key` of the proxy's config), its own ``steps`` and sampler settings; the reference
+    ([`reference_key`][ccexp.stage_keys.reference_key] of the proxy's config), its own ``steps`` and sampler settings; the reference
     losses it is driven by (``reference_losses``: their digest) besides the reference run's inputs."""
     settings, inputs = reference_key(proxy, upstream, weights, split)
     return ({**settings, "proxy_steps": int(steps), "sampler": OmegaConf.to_container(proxy.sampler, resolve=True)},

@@ -1,10 +1,10 @@
 """The cached preprocessing stages — corpus -> embed -> cluster, and tokenize — returning typed artifacts.
 
-Each stage's output lives in ``<paths.cache>/<stage>/<fingerprint>/`` (:mod:`ccexp.artifacts`); a
+Each stage's output lives in ``<paths.cache>/<stage>/<fingerprint>/`` ([`ccexp.artifacts`][ccexp.artifacts]); a
 run whose stage config and inputs are unchanged reuses it and logs ``reused=True``. Each stage
 logs one line with its figures. File names stay inside this module: callers get
-:class:`~ccexp.data.corpus.Corpus`, :class:`Embeddings`, :class:`~ccexp.clustering.kmeans.Clustering`
-and :class:`TokenizedCorpus`, and :func:`train_split` turns them into the :class:`TrainSplit` a
+[`Corpus`][ccexp.data.corpus.Corpus], [`Embeddings`][ccexp.stages.Embeddings], [`Clustering`][ccexp.clustering.kmeans.Clustering]
+and [`TokenizedCorpus`][ccexp.data.tokenize.TokenizedCorpus], and [`train_split`][ccexp.stages.train_split] turns them into the [`TrainSplit`][ccexp.data.split.TrainSplit] a
 sampler trains on.
 """
 from __future__ import annotations
@@ -56,8 +56,8 @@ class Embeddings:
 
 
 class Stages:
-    """The cached stages of one run. Call them in order; :attr:`results` keeps each stage's
-    :class:`StageResult` (for the run's record), and later stages key on earlier ones' content.
+    """The cached stages of one run. Call them in order; `results` keeps each stage's
+    [`StageResult`][ccexp.stages.StageResult] (for the run's record), and later stages key on earlier ones' content.
 
     Args:
         store: the stage store under ``paths.cache``.
@@ -109,9 +109,9 @@ class Stages:
     # -- corpus -----------------------------------------------------------------------------------
     def corpus(self) -> Corpus:
         """Read and validate the corpus in batches and store it as Parquet shards of
-        ``data.shard_documents`` documents (id, text, heldout, labels; :mod:`ccexp.data.store`), the
+        ``data.shard_documents`` documents (id, text, heldout, labels; [`ccexp.data.store`][ccexp.data.store]), the
         held-out split decided per document. No step holds the whole corpus: the returned
-        :class:`Corpus` reads its texts from the shards on demand.
+        [`Corpus`][ccexp.data.corpus.Corpus] reads its texts from the shards on demand.
 
         Raises:
             CcexpError: from the reader (missing file, bad records) or the split.
@@ -183,7 +183,7 @@ class Stages:
         return self.results["corpus"].figures.get("labels")
 
     def _digest(self, path: str | Path) -> str:
-        """:func:`ccexp.stage_keys.content_digest` of a file or folder, remembered under the stage cache (by
+        """[`ccexp.stage_keys.content_digest`][ccexp.stage_keys.content_digest] of a file or folder, remembered under the stage cache (by
         rank 0 of a launch: the other ranks read what it remembered)."""
         from ccexp.embedding.shards import launch_rank
 
@@ -316,7 +316,7 @@ class Stages:
     # -- dedup ------------------------------------------------------------------------------------
     def dedup(self, corpus: Corpus, embeddings: Embeddings, clustering: Clustering) -> np.ndarray | None:
         """Semantic deduplication of the training documents inside the finest clusters when
-        ``curate.dedup.enabled`` (:func:`ccexp.clustering.dedup.semantic_dedup`): bool[N], False for a
+        ``curate.dedup.enabled`` ([`ccexp.clustering.dedup.semantic_dedup`][ccexp.clustering.dedup.semantic_dedup]): bool[N], False for a
         removed near-duplicate; None when off. Its report (``report/``): removals per cluster and per
         label value (CSV) and example pairs (Markdown).
 
@@ -398,7 +398,7 @@ class Stages:
     # -- tokenize ---------------------------------------------------------------------------------
     def tokenize(self, corpus: Corpus, pretrained: str | None = None) -> TokenizedCorpus:
         """Train (or load) the tokenizer and tokenize every document (``pretrained``: the model's
-        local source from :meth:`model`, whose tokenizer ``kind=pretrained`` uses).
+        local source from [`model`][ccexp.stages.Stages.model], whose tokenizer ``kind=pretrained`` uses).
 
         Raises:
             CcexpError: for an unknown tokenizer kind, a tokenizer that cannot be loaded, or a
@@ -495,7 +495,7 @@ def train_split(corpus: Corpus, clustering: Clustering, level: int, selected: np
 
 def select(selection: DictConfig, corpus: Corpus, clustering: Clustering,
            kept: np.ndarray | None = None) -> np.ndarray | None:
-    """The balanced selection step (``selection.target``; :mod:`ccexp.clustering.selection`) over the
+    """The balanced selection step (``selection.target``; [`ccexp.clustering.selection`][ccexp.clustering.selection]) over the
     training documents that curation ``kept`` (bool[N]; None: all): bool[N], the training documents
     kept, or None to keep them all."""
     if selection.target is None:

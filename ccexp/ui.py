@@ -159,7 +159,9 @@ def _port(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ccexp.ui", description=__doc__,
+    from ccexp.help import plain
+
+    ap = argparse.ArgumentParser(prog="python -m ccexp.ui", description=plain(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", default=None,
                     help="SQLite MLflow store (default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")

@@ -92,3 +92,15 @@ def test_every_ccexp_command_in_the_docs_composes_and_passes_the_key_checks():
         except Exception as e:  # noqa: BLE001 (collected, then reported together)
             bad.append(f"{page}: {entry} {' '.join(args)} -> {type(e).__name__}: {str(e)[:200]}")
     assert bad == []
+
+
+def test_the_product_stands_on_its_own_no_page_or_module_cites_the_teams_internal_docs():
+    """The team's design notes (DESIGN.md, SAMPLING.md, ...) are not part of the project: the README, the docs
+    site and the package (docstrings render on the API pages, configs are read by users) cite the papers and
+    the project's own pages instead."""
+    internal = re.compile(r"\b(DESIGN|SAMPLING|ALGORITHMS|ECOSYSTEM|STYLE|MODELS|ENVIRONMENT)\.md\b|shared/docs")
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "ccexp").rglob("*.py"),
+             *(ROOT / "ccexp" / "conf").rglob("*.yaml"), *(ROOT / "benches").rglob("*.py")]
+    cited = [f"{f.relative_to(ROOT)}:{n}" for f in files for n, line in enumerate(f.read_text().splitlines(), 1)
+             if internal.search(line)]
+    assert cited == []

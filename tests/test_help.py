@@ -1,5 +1,5 @@
 """``--help`` on every entry point (``ccexp``, ``ccexp.plan``, ``ccexp.plan model``, ``ccexp.report``,
-``ccexp.ui``), alone and after other arguments, lists that entry point's own settings, exits 0 and shows
+``ccexp.ui``, ``ccexp.deliver``), alone and after other arguments, lists that entry point's own settings, exits 0 and shows
 no traceback or parser error; a setting that takes a list accepts one name (``data.label_fields=domain``)."""
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ CALLS = [
     (["ccexp.report", "--all-runs", "--help"], ["--parent", "--experiment"]),
     (["ccexp.ui", "--help"], ["--port", "--store"]),
     (["ccexp.ui", "--port", "5009", "--help"], ["--port"]),
+    (["ccexp.deliver", "--help"], ["store", "--tracking-uri"]),
+    (["ccexp.deliver", "outputs/runs/x", "--help"], ["--tracking-uri"]),
 ]
 
 

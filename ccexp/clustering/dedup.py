@@ -48,7 +48,7 @@ class Dedup:
 
 
 def check_options(threshold: float, keep: str) -> None:
-    """Raise :class:`CcexpError` for a threshold outside (0, 1] or an unknown ``keep``."""
+    """Raise `CcexpError` for a threshold outside (0, 1] or an unknown ``keep``."""
     if not 0.0 < float(threshold) <= 1.0:
         raise CcexpError(f"curate.dedup.threshold={threshold} must be a cosine similarity in (0, 1], e.g. 0.95")
     if keep not in KEEP:
@@ -71,7 +71,7 @@ def semantic_dedup(vectors: np.ndarray, labels: np.ndarray, threshold: float, *,
         seed: for ``keep="random"``; query_batch: queries per FAISS range search.
 
     Returns:
-        :class:`Dedup`.
+        [`Dedup`][ccexp.clustering.dedup.Dedup].
 
     Raises:
         CcexpError: for a threshold outside (0, 1], an unknown ``keep``, mismatched shapes, or
@@ -146,7 +146,7 @@ def write_dedup_report(out_dir, result: Dedup, *, labels: np.ndarray, k: int, te
     the document it duplicates, their first ``snippet`` characters). Returns the paths.
 
     Args:
-        result: :func:`semantic_dedup`'s outcome; labels: int[N] clusters (of ``k``); texts: N documents;
+        result: [`semantic_dedup`][ccexp.clustering.dedup.semantic_dedup]'s outcome; labels: int[N] clusters (of ``k``); texts: N documents;
         label_values: label field -> N values; train_mask: bool[N], the documents searched.
     """
     import csv

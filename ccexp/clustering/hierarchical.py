@@ -10,7 +10,7 @@ pulling centroids out of dense regions towards an even spread over concepts. Eve
 are kept: level 0 (``labels``) is the finest; ``levels[l-1]`` describes level l, with the ``parent``
 map from level l-1's clusters. Samplers pick a level with ``sampler.level``.
 
-The paper's hierarchical balanced sampling (§3.2) is its own step, :mod:`ccexp.clustering.selection`.
+The paper's hierarchical balanced sampling (§3.2) is its own step, [`ccexp.clustering.selection`][ccexp.clustering.selection].
 """
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ class HierarchicalKMeans:
         sample_size: points per cluster in a resampling step, per level (or one value).
         sampling: ``closest`` (highest cosine similarity to the centroid; the paper's default) or ``random``.
         max_points_per_centroid: level 1 trains on a seeded sample of ``levels[0] ·`` this many documents.
-        spherical: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
-        assign_batch: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
-        device: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
-        verbose: as :class:`~ccexp.clustering.kmeans.FaissKMeans`.
+        spherical: as [`FaissKMeans`][ccexp.clustering.kmeans.FaissKMeans].
+        assign_batch: as [`FaissKMeans`][ccexp.clustering.kmeans.FaissKMeans].
+        device: as [`FaissKMeans`][ccexp.clustering.kmeans.FaissKMeans].
+        verbose: as [`FaissKMeans`][ccexp.clustering.kmeans.FaissKMeans].
 
     Raises:
         CcexpError: for levels that do not decrease, a level larger than its input, or bad options.

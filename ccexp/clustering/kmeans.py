@@ -253,9 +253,9 @@ class FaissKMeans:
         assign_batch: vectors per assignment batch.
         device: ``auto`` (GPU when FAISS has one), ``cpu`` or ``gpu``.
         verbose: FAISS's per-iteration log.
-        size_cap_epsilon: CluSTER's size cap (SAMPLING.md, CluSTER step 2): no cluster holds more than
+        size_cap_epsilon: CluSTER's size cap (kaist-dmlab/CluSTER, its step 2): no cluster holds more than
             ``ceil((1 + ε) · N_train / K)`` training documents — documents of a full cluster go to their
-            next-nearest centroid with room (:func:`capped_assign`); None = plain nearest-centroid.
+            next-nearest centroid with room ([`capped_assign`][ccexp.clustering.kmeans.capped_assign]); None = plain nearest-centroid.
 
     Raises:
         CcexpError: for ``size_cap_epsilon < 0``.

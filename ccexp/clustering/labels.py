@@ -31,7 +31,7 @@ class LabelGroups:
         label_field: a field listed in ``data.label_fields``.
 
     Raises:
-        CcexpError: (from :meth:`fit`) if the corpus lacks the field or it has one value only.
+        CcexpError: (from [`fit`][ccexp.clustering.labels.LabelGroups.fit]) if the corpus lacks the field or it has one value only.
     """
 
     def __init__(self, label_field: str = "domain"):

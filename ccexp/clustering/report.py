@@ -140,7 +140,7 @@ def _cluster_rows(labels: np.ndarray, sizes: np.ndarray, similarity: np.ndarray,
 
 
 def _write_markdown(path: Path, sizes: np.ndarray, summary: str, rows: list, chars: int) -> None:
-    """Write ``clusters.md``: the metrics line and the table of :func:`_cluster_rows`."""
+    """Write ``clusters.md``: the metrics line and the table of [`_cluster_rows`][ccexp.clustering.report._cluster_rows]."""
     head = ["| cluster | size | majority label | nearest to centroid |", "|---:|---:|---|---|"]
     md = [f"# Clusters (K={sizes.size})", "", summary, "", *head]
     md += [f"| {c} | {n} | {markdown_cell(tag, len(tag))} | " + " / ".join(markdown_cell(s, chars) for s in samples)
@@ -149,7 +149,7 @@ def _write_markdown(path: Path, sizes: np.ndarray, summary: str, rows: list, cha
 
 
 def _write_html(path: Path, summary: str, rows: list) -> None:
-    """Write ``clusters.html``: the metrics line, ``sizes.png`` and the table of :func:`_cluster_rows`."""
+    """Write ``clusters.html``: the metrics line, ``sizes.png`` and the table of [`_cluster_rows`][ccexp.clustering.report._cluster_rows]."""
     cells = "".join(f"<tr><td>{c}</td><td>{n}</td><td>{html.escape(tag)}</td><td><ol>"
                     + "".join(f"<li>{html.escape(s)}</li>" for s in samples) + "</ol></td></tr>"
                     for c, n, tag, samples in rows)

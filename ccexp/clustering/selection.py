@@ -59,7 +59,7 @@ def balanced_selection(levels: list, train_mask: np.ndarray, target: int, *, str
     """Hierarchical balanced sampling to ``target`` training documents (Vo et al. §3.2).
 
     Args:
-        levels: the clustering's levels (:class:`~ccexp.clustering.kmeans.Level`), finest first; each
+        levels: the clustering's levels ([`Level`][ccexp.clustering.kmeans.Level]), finest first; each
             coarser one carries ``parent``, mapping the previous level's clusters to its own.
         train_mask: bool[N]; only training documents are selected.
         target: documents to keep (>= 1).

@@ -15,9 +15,9 @@ Each iteration then costs O(N · (K1 + K/K1) · d) ≈ O(N · 2√K · d). Every
 inverted-file search: its ``nprobe`` nearest coarse cells are searched for the nearest fine
 centroid (``nprobe = K1`` is the exact nearest centroid). Unlike FAISS's helper (which returns only the fine centroids, logs with
 ``print`` and can give a cell more centroids than points), this keeps the coarse level: it is
-``levels[1]`` of the :class:`~ccexp.clustering.kmeans.Clustering`, each fine cluster's ``parent``
+``levels[1]`` of the [`Clustering`][ccexp.clustering.kmeans.Clustering], each fine cluster's ``parent``
 its cell, so samplers can balance at ``sampler.level=1``. It is a speed tool; for balanced
-curation use :mod:`ccexp.clustering.hierarchical` (Vo et al. 2024).
+curation use [`ccexp.clustering.hierarchical`][ccexp.clustering.hierarchical] (Vo et al. 2024).
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ class TwoLevelKMeans:
             train_mask: bool[N], True for the documents that train the centroids and count in sizes.
 
         Returns:
-            a two-level :class:`Clustering`: ``levels[0]`` the K fine clusters, ``levels[1]`` the K1
+            a two-level [`Clustering`][ccexp.clustering.kmeans.Clustering]: ``levels[0]`` the K fine clusters, ``levels[1]`` the K1
             coarse cells (``parent``: int32[K], each fine cluster's cell). Its ``objective`` is the sum
             over the training sample of the cosine similarity to the assigned fine centroid (FAISS's
             spherical objective; higher is better).

@@ -29,9 +29,9 @@ HELDOUT_SALT = "ccexp-heldout"  # changing it changes every run's held-out split
 @dataclass
 class Corpus:
     """Column-wise documents. ``ids``, ``texts`` and each ``labels`` value are sequences of N str — lists
-    in memory (:func:`read_corpus`), or columns of the corpus stage's Parquet shards read on demand
-    (:class:`ccexp.data.store.ShardColumn`); take many of them with :func:`take`. ``heldout`` is bool[N],
-    True for held-out documents (see :func:`split_heldout`)."""
+    in memory ([`read_corpus`][ccexp.data.corpus.read_corpus]), or columns of the corpus stage's Parquet shards read on demand
+    (`ccexp.data.store.ShardColumn`); take many of them with [`take`][ccexp.data.corpus.take]. ``heldout`` is bool[N],
+    True for held-out documents (see [`split_heldout`][ccexp.data.corpus.split_heldout])."""
 
     ids: Sequence[str]
     texts: Sequence[str]
@@ -55,8 +55,8 @@ def take(column: Sequence[str], docs) -> list[str]:
 def check_source(path: str | Path, format: str = "auto") -> tuple[Path | RemoteSource, str]:
     """The corpus's path and format, checked without reading it (pre-flight calls this before any import of
     the heavy libraries, so a wrong path is known in about a second). A URL (``s3://``, ``gs://``, ``hf://``,
-    ...; :mod:`ccexp.data.remote`) is checked through its object store and returned as a
-    :class:`~ccexp.data.remote.RemoteSource` (one object, or a prefix's ``.jsonl(.gz)`` / ``.parquet`` objects).
+    ...; `ccexp.data.remote`) is checked through its object store and returned as a
+    `RemoteSource` (one object, or a prefix's ``.jsonl(.gz)`` / ``.parquet`` objects).
 
     Raises:
         CcexpError: for a path or object that does not exist, an unknown format, a file/folder that does not
@@ -219,9 +219,9 @@ class CorpusReader:
     """A corpus on disk, read in batches: a JSON-lines file (optionally gzip), a Parquet file, or a
     Hugging Face ``datasets`` folder written by ``save_to_disk`` (``format=hf_disk``: read with
     ``datasets.load_from_disk``, memory-mapped Arrow, never downloaded) — or JSON-lines / Parquet objects in
-    an object store (a ``s3://``, ``gs://``, ``hf://``, ... URL: :mod:`ccexp.data.remote`), streamed through
+    an object store (a ``s3://``, ``gs://``, ``hf://``, ... URL: `ccexp.data.remote`), streamed through
     fsspec. Memory stays bounded by one
-    batch: :meth:`batches` is what the corpus stage streams into its Parquet shards; :meth:`read`
+    batch: [`batches`][ccexp.data.corpus.CorpusReader.batches] is what the corpus stage streams into its Parquet shards; [`read`][ccexp.data.corpus.CorpusReader.read]
     collects everything for small corpora and tests.
 
     Args:
@@ -263,7 +263,7 @@ class CorpusReader:
         return _iter_hf_disk(self.path, columns, self.split, optional=[self.id_field] if self.id_field else [])
 
     def _remote_records(self, columns: list[str]):
-        """The records of each object of a :class:`~ccexp.data.remote.RemoteSource` in turn, streamed; rows are
+        """The records of each object of a `RemoteSource` in turn, streamed; rows are
         numbered on across objects (so ``row-<n>`` ids stay unique), and one object's are its own."""
         src, offset = self.path, 0
         for obj in src.objects:
@@ -345,7 +345,7 @@ class CorpusReader:
         (``warn``: log the empty documents dropped).
 
         Raises:
-            CcexpError: see :meth:`_validated` and the format readers.
+            CcexpError: see `_validated` and the format readers.
         """
         if self.max_documents is None:
             yield from self._validated(documents, warn=warn)
@@ -353,7 +353,7 @@ class CorpusReader:
         yield from subsample(lambda warn: self._validated(65536, warn=warn), self.max_documents, documents)
 
     def read(self) -> Corpus:
-        """The whole corpus in memory (small corpora and tests; the corpus stage streams :meth:`batches`)."""
+        """The whole corpus in memory (small corpora and tests; the corpus stage streams [`batches`][ccexp.data.corpus.CorpusReader.batches])."""
         ids, texts, prompt_chars = [], [], []
         labels: dict[str, list[str]] = {name: [] for name in self.label_fields}
         for b in self.batches():
@@ -398,7 +398,7 @@ def _iter_hf_disk(path: Path, columns: list[str], split: str, optional: list[str
 
 class _FieldCensus:
     """What the records carry, for the label checks: per configured label field, the records that lack it
-    (or leave it empty); over the first :attr:`SAMPLE` records, each field's short string values, for a
+    (or leave it empty); over the first [`SAMPLE`][ccexp.data.corpus._FieldCensus.SAMPLE] records, each field's short string values, for a
     hint when a field looks like a label nobody asked for."""
 
     SAMPLE = 2000
@@ -469,7 +469,7 @@ def _label_value(value) -> str:
 
 
 def read_corpus(path: str | Path, **options) -> Corpus:
-    """Read a whole corpus into memory: ``CorpusReader(path, **options).read()`` (see :class:`CorpusReader`).
+    """Read a whole corpus into memory: ``CorpusReader(path, **options).read()`` (see [`CorpusReader`][ccexp.data.corpus.CorpusReader]).
 
     Raises:
         CcexpError: missing file, unknown format, invalid UTF-8 or JSON, a missing or non-string
@@ -502,7 +502,7 @@ def id_hash64(ids: Sequence[str], salt: str) -> np.ndarray:
 
 
 def id_hash(ids: Sequence[str], salt: str) -> np.ndarray:
-    """float64[N] in [0, 1): :func:`id_hash64` scaled to the unit interval."""
+    """float64[N] in [0, 1): [`id_hash64`][ccexp.data.corpus.id_hash64] scaled to the unit interval."""
     return id_hash64(ids, salt) / 2.0**64
 
 
@@ -522,7 +522,7 @@ def check_split(held: int, documents: int, fraction: float) -> None:
 def split_heldout(ids: Sequence[str], fraction: float, salt: str = HELDOUT_SALT) -> np.ndarray:
     """bool[N]: True for held-out documents. Decided by a hash of each document id, so the same
     documents are held out for every sampler, seed and model (and for any sharding of the corpus:
-    the corpus stage calls :func:`heldout_flags` shard by shard, then :func:`check_split`).
+    the corpus stage calls [`heldout_flags`][ccexp.data.corpus.heldout_flags] shard by shard, then [`check_split`][ccexp.data.corpus.check_split]).
 
     Raises:
         CcexpError: if ``fraction`` is not in (0, 1) or the split leaves a side empty.
@@ -564,6 +564,6 @@ def stratify_heldout(heldout: np.ndarray, values: Sequence[str], ids: Sequence[s
 
 
 def heldout_flags(ids: Sequence[str], fraction: float, salt: str = HELDOUT_SALT) -> np.ndarray:
-    """bool[n]: :func:`split_heldout`'s decision for each of ``ids``, without its checks — for a corpus
-    split shard by shard (the caller checks the whole with :func:`check_split`)."""
+    """bool[n]: [`split_heldout`][ccexp.data.corpus.split_heldout]'s decision for each of ``ids``, without its checks — for a corpus
+    split shard by shard (the caller checks the whole with [`check_split`][ccexp.data.corpus.check_split])."""
     return id_hash(ids, salt) < fraction

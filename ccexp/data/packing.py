@@ -1,5 +1,5 @@
 """The global token stream: a policy's documents packed into fixed-shape rows, a fixed number of
-tokens per optimizer step (DESIGN.md, "Training examples — tokens are the unit of a step").
+tokens per optimizer step: tokens are the unit of a step.
 
 Every document enters the stream as its separator (EOS, which doubles as BOS) followed by its
 tokens, so a document ``d`` of ``n_d`` tokens occupies ``n_d + 1`` stream positions (``min(n_d, cap)
@@ -17,7 +17,7 @@ first token, ``d``'s last token predicts the next separator, i.e. the end of ``d
 and per cluster the trained tokens are exact (``n_d + 1`` per occurrence), and with
 ``document_mask`` every prediction sees only its own document.
 
-Rows are dealt to ranks in contiguous slices (:func:`ccexp.sampling.rank_slice`) and each rank's
+Rows are dealt to ranks in contiguous slices ([`ccexp.sampling.rank_slice`][ccexp.sampling.base.rank_slice]) and each rank's
 slice is cut into micro-batches, so the global stream is the same for any world size. A policy with
 several lanes (CluSTER: one per cluster) fills each row from the lane it assigns to that row, each
 lane being its own stream with its own carry-over.
@@ -81,7 +81,7 @@ class TokenStream:
         seq_len: L, input tokens per row.
         rows_per_step: R, rows per optimizer step over all ranks (``tokens_per_step / L``).
         max_doc_tokens: cap on the tokens taken from one document (None = no cap); the tokens
-            beyond it are counted in :attr:`truncated_tokens`.
+            beyond it are counted in `truncated_tokens`.
 
     Raises:
         CcexpError: from ``sampler.row_lanes`` if the policy cannot lay out ``R`` rows.
@@ -115,7 +115,7 @@ class TokenStream:
 
     # -- planning ------------------------------------------------------------------------------
     def plan_step(self) -> StepPlan:
-        """Draw what step :attr:`step` needs from the sampler and lay out its segments."""
+        """Draw what step `step` needs from the sampler and lay out its segments."""
         docs_out, start_out, len_out, lane_base = [], [], [], []
         base = 0
         for lane in range(self.sampler.num_lanes):
@@ -215,7 +215,7 @@ class TokenStream:
                 "seq_len": self.seq_len, "digest": self.digest}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+        """Restore [`state_dict`][ccexp.data.packing.TokenStream.state_dict].
 
         Raises:
             CcexpError: if the state was saved with another step shape (rows per step or seq_len).

@@ -2,12 +2,12 @@
 opened with fsspec, credentials from the usual environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
 ``AWS_PROFILE`` and ``AWS_ENDPOINT_URL`` for an S3-compatible server; ``GOOGLE_APPLICATION_CREDENTIALS``;
 ``HF_TOKEN``). A URL names one object, or a prefix whose ``.jsonl(.gz)`` / ``.parquet`` objects are read as one
-corpus in sorted order. Nothing is downloaded whole: the readers stream each object (:meth:`RemoteSource.open`:
+corpus in sorted order. Nothing is downloaded whole: the readers stream each object ([`RemoteSource.open`][ccexp.data.remote.RemoteSource.open]:
 the filesystem's read-ahead, s3fs's 50 MiB blocks, cut into lines from 1 MiB reads), and a store that fails
-mid-read is one line saying how far the read got (:class:`ObjectStream`).
+mid-read is one line saying how far the read got ([`ObjectStream`][ccexp.data.remote.ObjectStream]).
 
 The corpus stage keys a remote source by what the store says about each object it reads (ETag, version id or
-generation, size: :meth:`RemoteSource.identity`), not by its bytes, so a changed object is re-read and an
+generation, size: [`RemoteSource.identity`][ccexp.data.remote.RemoteSource.identity]), not by its bytes, so a changed object is re-read and an
 unchanged one costs one metadata request.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def is_url(path: Any) -> bool:
 
 
 def local_or_url(path: str | Path) -> str | Path:
-    """A URL unchanged; a local path (``file://`` stripped, ``~`` expanded) as a :class:`Path`."""
+    """A URL unchanged; a local path (``file://`` stripped, ``~`` expanded) as a [`Path`][pathlib.Path]."""
     if is_url(path):
         return str(path)
     path = str(path)
@@ -112,10 +112,10 @@ def open_fs(url: str):
 
 
 class ObjectStream(io.RawIOBase):
-    """One object of a :class:`RemoteSource` as a raw binary stream over its fsspec file (ranged reads through
-    the filesystem's read-ahead), for :class:`io.BufferedReader`. Whatever the store raises while it is read (the
+    """One object of a [`RemoteSource`][ccexp.data.remote.RemoteSource] as a raw binary stream over its fsspec file (ranged reads through
+    the filesystem's read-ahead), for `io.BufferedReader`. Whatever the store raises while it is read (the
     server gone, a connection reset, a timeout after the filesystem's retries) becomes the one line of
-    :meth:`RemoteSource.read_error`, naming how many bytes had arrived.
+    [`RemoteSource.read_error`][ccexp.data.remote.RemoteSource.read_error], naming how many bytes had arrived.
 
     ``received`` counts the bytes the file delivered and ``reads`` the reads that delivered them."""
 
@@ -182,8 +182,8 @@ class RemoteSource:
     def open(self, obj: str) -> io.BufferedReader:
         """The object as a buffered binary file that reads ranges on demand, not a download: the filesystem's
         read-ahead (s3fs: blocks of 50 MiB; ``FSSPEC_S3_DEFAULT_BLOCK_SIZE`` sets another size) read in
-        :data:`READ_BUFFER` pieces, so iterating its lines is linear in the object's size. A store that fails
-        while it is read raises :meth:`read_error`'s line.
+        [`READ_BUFFER`][ccexp.data.remote.READ_BUFFER] pieces, so iterating its lines is linear in the object's size. A store that fails
+        while it is read raises [`read_error`][ccexp.data.remote.RemoteSource.read_error]'s line.
 
         Raises:
             CcexpError: the object no longer exists, or the store refuses or cannot be reached.

@@ -2,12 +2,12 @@
 ``train.tokens_per_step`` tokens would draw, per cluster, in seconds — to choose M (the clip
 threshold), K and the budget before paying for training runs.
 
-:func:`simulate` drives the same :class:`~ccexp.data.packing.TokenStream` over the same sampler as
+[`simulate`][ccexp.data.simulate.simulate] drives the same [`TokenStream`][ccexp.data.packing.TokenStream] over the same sampler as
 training (the policy's ``observe()`` gets no loss: a loss-driven policy stays at its prior), and
 counts, per cluster, the documents drawn and the tokens trained (each step's inputs, as the
 training module counts them into ``tables/clusters.csv``'s ``train_tokens``), the step at which a
 clip took each cluster out, and the mix's entropy and KL divergences over time.
-:func:`synthetic_corpus` gives Zipf-sized clusters with log-normal document lengths for corpora
+[`synthetic_corpus`][ccexp.data.simulate.synthetic_corpus] gives Zipf-sized clusters with log-normal document lengths for corpora
 that do not exist yet (100M documents, 10,000 clusters).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class StreamPlan:
         history: ``{"step", "tokens", "mix_entropy", "kl_to_corpus", "kl_to_uniform", "active_clusters"}``
             lists, recorded every ``record_every`` steps: the mix of the tokens trained so far, against
             the corpus's *token* mix (``corpus_tokens``) and uniform.
-        repetition_histogram: draws -> documents (:meth:`Sampler.repetition_histogram`).
+        repetition_histogram: draws -> documents ([`Sampler.repetition_histogram`][ccexp.sampling.base.Sampler.repetition_histogram]).
         seconds: wall time of the simulation.
     """
 

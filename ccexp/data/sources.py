@@ -1,7 +1,7 @@
 """Several corpora read as one (``data=sources``, ``data.sources=[{path, weight, name}, ...]``): each source's
 documents in order, each labelled ``source`` with its name, ids prefixed with it (so an id two sources share
 stays two documents), re-cut into shards of one size. The target token share of each source (``weight``)
-is what :class:`ccexp.sampling.sources.SourceMixture` holds the training stream to."""
+is what [`ccexp.sampling.sources.SourceMixture`][ccexp.sampling.sources.SourceMixture] holds the training stream to."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""The training and held-out documents of a run, at one clustering level (:class:`TrainSplit`)."""
+"""The training and held-out documents of a run, at one clustering level ([`TrainSplit`][ccexp.data.split.TrainSplit])."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,11 +1,11 @@
 """The corpus stage's sharded Parquet store, written and read without holding the corpus in memory.
 
-:func:`write_corpus` streams a :class:`~ccexp.data.corpus.CorpusReader`'s batches into
+[`write_corpus`][ccexp.data.store.write_corpus] streams a [`CorpusReader`][ccexp.data.corpus.CorpusReader]'s batches into
 ``corpus-<i>.parquet`` shards of ``shard_documents`` documents (columns ``id``, ``text``,
 ``heldout``, ``prompt_chars`` for instruction data, ``label.<name>``; row groups of
-:data:`ROW_GROUP` documents), deciding the held-out split and the content digest shard by shard.
-:func:`open_corpus` returns a :class:`~ccexp.data.corpus.Corpus` whose ``ids``, ``texts`` and
-labels are :class:`ShardColumn` s: sequences that read one row group at a time (a few row groups are
+[`ROW_GROUP`][ccexp.data.store.ROW_GROUP] documents), deciding the held-out split and the content digest shard by shard.
+[`open_corpus`][ccexp.data.store.open_corpus] returns a [`Corpus`][ccexp.data.corpus.Corpus] whose ``ids``, ``texts`` and
+labels are [`ShardColumn`][ccexp.data.store.ShardColumn] s: sequences that read one row group at a time (a few row groups are
 cached), so iterating the texts — tokenizer training, tokenization, embedding — stays at one row
 group's memory whatever the corpus size.
 """
@@ -39,7 +39,7 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
         heldout_fraction: the held-out share in (0, 1), decided per document by a hash of its id.
         label_fields: the label columns to write.
         stratify, min_per_value: a label field of ``label_fields`` whose every value gets at least
-            ``min_per_value`` held-out documents (:func:`~ccexp.data.corpus.stratify_heldout`; the
+            ``min_per_value`` held-out documents ([`stratify_heldout`][ccexp.data.corpus.stratify_heldout]; the
             shards are rewritten with the final flags); None: the hash split alone.
 
     Returns:
@@ -190,7 +190,7 @@ def _split_repeated_ids(files: list[Path], hashes: np.ndarray, fraction: float) 
 
 
 def _stratify_shards(files: list[Path], field: str, min_per_value: int) -> np.ndarray:
-    """Hold out more documents of the rare values of label ``field`` (:func:`stratify_heldout`) and rewrite
+    """Hold out more documents of the rare values of label ``field`` ([`stratify_heldout`][ccexp.data.corpus.stratify_heldout]) and rewrite
     the shards whose flags changed; returns int64[m], the corpus indices newly held out."""
     columns, bounds = _read_columns(files, ["id", "heldout", f"label.{field}"])
     before = columns["heldout"]
@@ -204,7 +204,7 @@ def _stratify_shards(files: list[Path], field: str, min_per_value: int) -> np.nd
 
 
 def open_corpus(out_dir: Path) -> Corpus:
-    """The corpus :func:`write_corpus` wrote: text columns read on demand, ``heldout`` (bool[N]) and
+    """The corpus [`write_corpus`][ccexp.data.store.write_corpus] wrote: text columns read on demand, ``heldout`` (bool[N]) and
     ``prompt_chars`` (int64[N] or None) in memory."""
     import pyarrow.parquet as pq
 
@@ -237,7 +237,7 @@ class ShardColumn(Sequence):
     """One string column of the sharded corpus as a read-only sequence of N str.
 
     Iteration streams the shards a row group at a time; ``column[i]`` reads (and caches) document i's
-    row group; ``column[a:b]`` and :meth:`take` read each row group they touch once.
+    row group; ``column[a:b]`` and [`take`][ccexp.data.store.ShardColumn.take] read each row group they touch once.
     """
 
     CACHED_GROUPS = 4

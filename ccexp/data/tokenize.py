@@ -22,7 +22,7 @@ EOS = "<|endoftext|>"
 class TokenizedCorpus:
     """tokens: int32[T] (memory-mapped); offsets: int64[N+1] (document d is
     ``tokens[offsets[d]:offsets[d+1]]``); tokenizer: the Hugging Face tokenizer; separator_id: the
-    token before every document (:func:`separator_id`)."""
+    token before every document ([`separator_id`][ccexp.data.tokenize.TokenizedCorpus.separator_id])."""
 
     tokens: np.ndarray
     offsets: np.ndarray
@@ -134,7 +134,7 @@ def encode_corpus(tok, texts: list[str], batch: int = 256) -> tuple[np.ndarray, 
     """Tokenize every document (no special tokens), ``batch`` documents at a time: a fast tokenizer's
     Rust backend (``encode_batch_fast``: no character offsets; the same ids as ``tok(texts)``), else
     ``tok`` itself. Memory is one batch's encodings, not the corpus's; a long document is encoded in
-    :func:`text_pieces`.
+    [`text_pieces`][ccexp.data.tokenize.text_pieces].
 
     Returns:
         ``tokens`` int32[T] (all documents concatenated) and ``offsets`` int64[N+1] such that
@@ -172,7 +172,7 @@ def encode_instructions(tok, texts: list[str], prompt_chars: np.ndarray) -> tupl
     ``prompt_chars[d]`` characters) with prompt and response encoded apart.
 
     Returns:
-        ``tokens`` int32[T], ``offsets`` int64[N+1] (as :func:`encode_corpus`) and ``prompt_tokens``
+        ``tokens`` int32[T], ``offsets`` int64[N+1] (as [`encode_corpus`][ccexp.data.tokenize.encode_corpus]) and ``prompt_tokens``
         int64[N]: document d's first ``prompt_tokens[d]`` tokens are its prompt.
     """
     cut = np.asarray(prompt_chars, dtype=np.int64)
@@ -243,7 +243,7 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 
 def assemble_tokens(work_dir: Path, n_docs: int, shard_documents: int, out_dir: Path) -> dict:
-    """Join the shards of :func:`tokenize_shards` into ``out_dir``: ``tokens.npy`` (int32[T], appended one
+    """Join the shards of [`tokenize_shards`][ccexp.data.tokenize.tokenize_shards] into ``out_dir``: ``tokens.npy`` (int32[T], appended one
     shard at a time), ``offsets.npy`` (int64[N+1]) and, for instruction data,
     ``prompt_tokens.npy`` (int64[N]).
 

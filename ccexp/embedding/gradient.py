@@ -1,5 +1,5 @@
-"""CluSTER's gradient-proxy embedding (Kim et al., kaist-dmlab/CluSTER; ``../shared/docs/SAMPLING.md``
-§CluSTER 1): a document's embedding is the gradient of its loss with respect to the output-embedding
+"""CluSTER's gradient-proxy embedding (Kim et al., kaist-dmlab/CluSTER,
+its step 1): a document's embedding is the gradient of its loss with respect to the output-embedding
 rows, projected BADGE-style onto the last hidden state,
 
     g = mean over target tokens t of (p_θ(y_t | x_<t) − 1) · h_t  ∈ R^H,  then L2-normalised,
@@ -7,7 +7,7 @@ rows, projected BADGE-style onto the last hidden state,
 where ``h_t`` is the model's last hidden state at the position predicting ``y_t`` and the target
 tokens are the response tokens of instruction data (every token of a plain document). No LoRA and
 no random projection, as in the reference code. The embedding runs in the same resumable shards as
-the sentence embedder (:mod:`ccexp.embedding.shards`), spread over the ranks of a torchrun/srun
+the sentence embedder ([`ccexp.embedding.shards`][ccexp.embedding.shards]), spread over the ranks of a torchrun/srun
 launch, and is cached by the ``embed`` stage.
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ class GradientProxyEmbedder:
               world_size: int = 1, prompt_chars: np.ndarray | None = None) -> tuple[np.ndarray | None, dict]:
         """Embed ``texts`` (``prompt_chars``: int64[N] prompt characters of instruction documents) shard
         by shard into ``work_dir``, then on rank 0 assemble float16[N, H] at ``out_path``; as
-        :meth:`ccexp.embedding.sentence.SentenceEmbedder.embed`.
+        [`ccexp.embedding.sentence.SentenceEmbedder.embed`][ccexp.embedding.sentence.SentenceEmbedder.embed].
 
         Raises:
             CcexpError: if the model cannot be loaded or yields a non-finite embedding.

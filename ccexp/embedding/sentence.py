@@ -95,7 +95,7 @@ class SentenceEmbedder:
         pooling: replace the folder's pooling with ``mean``, ``cls``, ``max`` or ``lasttoken``; None
             keeps the saved one (a plain Hugging Face folder gets mean pooling).
         dtype: ``bfloat16`` (the forward pass under ``torch.autocast``: its matmuls in bfloat16, the
-            returned embeddings float32), ``float32``, or ``auto`` (:func:`resolve_dtype`: bfloat16 where the
+            returned embeddings float32), ``float32``, or ``auto`` ([`resolve_dtype`][ccexp.embedding.sentence.resolve_dtype]: bfloat16 where the
             device computes it natively). The multi-GPU path (``device=auto`` with several GPUs) runs float32.
 
     Raises:
@@ -162,8 +162,8 @@ class SentenceEmbedder:
         ``max_seq_length`` tokens (truncated, or chunked and mean-pooled: see ``long_documents``).
 
         Memory stays a small multiple of the longest text: a text is tokenized only as far as the model
-        reads it (a prefix with more tokens than the model takes, found by :func:`_prefix`), and under
-        ``chunk_mean`` a long text is cut into windows block by block (:meth:`_windows`)."""
+        reads it (a prefix with more tokens than the model takes, found by [`_prefix`][ccexp.embedding.sentence._prefix]), and under
+        ``chunk_mean`` a long text is cut into windows block by block ([`_windows`][ccexp.embedding.sentence.SentenceEmbedder._windows])."""
         if self._model is None:
             self._model = self._load()
         tok = self._model.tokenizer

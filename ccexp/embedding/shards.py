@@ -108,7 +108,7 @@ def embed_in_length_order(encode: Callable[[list[str]], tuple[np.ndarray, int]],
                           end: int, alive: Callable[[int, bool], None]) -> tuple[np.ndarray, int]:
     """float32[end - start, d] embeddings of ``texts[start:end]`` in corpus order, and how many were long.
 
-    The documents go to ``encode`` by length (characters), :data:`PIECE` at a time, so that a batch pads little
+    The documents go to ``encode`` by length (characters), [`PIECE`][ccexp.embedding.shards.PIECE] at a time, so that a batch pads little
     (1.3x faster at batch_size 64 than pieces in corpus order); ``alive(documents done, last piece)`` is
     called after each piece."""
     order = np.argsort([len(texts[j]) for j in range(start, end)], kind="stable")
@@ -161,11 +161,11 @@ def assemble(work_dir: Path, n_docs: int, shard_size: int, out_path: Path) -> np
 def embed_and_assemble(encode: Callable[[list], tuple[np.ndarray, int]], items: list, out_path: Path,
                        work_dir: Path | None, *, shard_size: int, rank: int = 0,
                        world_size: int = 1) -> tuple[np.ndarray | None, dict]:
-    """Embed this rank's shards of ``items`` (:func:`embed_shards`), then — on rank 0, once every rank's
-    shards are done — assemble float16[N, d] at ``out_path`` (:func:`assemble`).
+    """Embed this rank's shards of ``items`` ([`embed_shards`][ccexp.embedding.shards.embed_shards]), then — on rank 0, once every rank's
+    shards are done — assemble float16[N, d] at ``out_path`` ([`assemble`][ccexp.embedding.shards.assemble]).
 
     Returns:
-        the embeddings memory-mapped (None on other ranks) and :func:`embed_shards`' statistics.
+        the embeddings memory-mapped (None on other ranks) and [`embed_shards`][ccexp.embedding.shards.embed_shards]' statistics.
     """
     work_dir = Path(work_dir or Path(out_path).parent / "shards")
     stats = embed_shards(encode, items, work_dir, shard_size=shard_size, rank=rank, world_size=world_size)

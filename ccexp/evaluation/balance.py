@@ -304,13 +304,13 @@ def write_run_files(cfg, run_dir: Path, name: str, sizes: np.ndarray, fit, resul
     """The run's files: ``resolved_config.yaml``, ``tables/clusters.csv``, ``tables/label_<label>.csv`` (tokens
     trained and held-out perplexity per value of the corpus's first label; ``train_docs``: int64[n], the
     training documents, in the token stream's order), ``labels/<label>.json`` (each
-    label value and the name its metrics carry, :func:`ccexp.names.safe_names`) and (``eval.balance_report``)
-    the balance report under ``balance/`` (with the per-label plot and table, :func:`write_label_report`).
+    label value and the name its metrics carry, [`ccexp.names.safe_names`][ccexp.names.safe_names]) and (``eval.balance_report``)
+    the balance report under ``balance/`` (with the per-label plot and table, [`write_label_report`][ccexp.evaluation.balance.write_label_report]).
     Returns (path, MLflow artifact folder) pairs.
 
     Args:
-        fit: the :class:`~ccexp.training.runner.FitResult`; result: the
-            :class:`~ccexp.evaluation.heldout.EvalResult`.
+        fit: the [`FitResult`][ccexp.training.runner.FitResult]; result: the
+            [`EvalResult`][ccexp.evaluation.heldout.EvalResult].
     """
     from omegaconf import OmegaConf
 

@@ -1,7 +1,7 @@
 """The evaluation step of a run: held-out perplexity (overall, macro, worst, rare/common, per cluster,
 per label) and, with ``eval.lm_eval``, lm-evaluation-harness on the trained model.
 
-Each part runs on its own (:func:`isolated`): a part that fails is reported in one line (the run's
+Each part runs on its own ([`isolated`][ccexp.evaluation.heldout.isolated]): a part that fails is reported in one line (the run's
 ``errors``, logged as a warning and an ``eval_error/<part>`` tag; the traceback goes to
 ``<run>/eval_errors.log``) and the other parts, the training metrics and the checkpoint are kept.
 """
@@ -71,7 +71,7 @@ def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: Tra
              run_dir: Path, average=None) -> EvalResult:
     """Score every held-out document on its first ``eval.max_tokens`` tokens (``settings``: the ``eval``
     option) and aggregate
-    (:mod:`ccexp.evaluation.perplexity`); then lm-eval when configured. Each part is :func:`isolated`.
+    ([`ccexp.evaluation.perplexity`][ccexp.evaluation.perplexity]); then lm-eval when configured. Each part is [`isolated`][ccexp.evaluation.heldout.isolated].
 
     ``average`` (the averaged weights of ``eval.average``, or None): the headline metrics and lm-eval
     are scored on it, and ``model``'s (the final weights') summary is kept as ``final/<name>``."""
@@ -109,7 +109,7 @@ def heldout_perplexity(settings: DictConfig, model, tokenized: TokenizedCorpus, 
                        held_labels: dict[str, list[str]], names: dict[str, dict[str, str]] | None = None,
                        nbytes: np.ndarray | None = None, weights: str | None = None):
     """Held-out perplexity overall, per cluster and per label, and bits per byte when ``nbytes``
-    (int64[n], the scored bytes of each held-out document) is given (:class:`PerplexityReport`), with the
+    (int64[n], the scored bytes of each held-out document) is given (`PerplexityReport`), with the
     ``eval`` option's ``settings``; ``weights`` names the weights in the log line (default: ``eval.average``'s)."""
     tok, held = tokenized.tokenizer, split.heldout_docs
     nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tokenized.separator_id,
@@ -131,7 +131,7 @@ def heldout_perplexity(settings: DictConfig, model, tokenized: TokenizedCorpus, 
 
 def label_names(labels: dict[str, list[str]]) -> dict[str, dict[str, str]]:
     """label -> (value -> the name its metrics carry), over every value of the corpus
-    (:func:`ccexp.names.safe_names`)."""
+    ([`ccexp.names.safe_names`][ccexp.names.safe_names])."""
     from ccexp.names import safe_names
 
     return {label: safe_names(values) for label, values in labels.items()}

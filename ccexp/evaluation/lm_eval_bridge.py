@@ -1,7 +1,7 @@
 """lm-evaluation-harness on the trained model, in process and offline.
 
 For any corpus ccexp writes local task YAMLs at run time, with absolute data paths (lm-eval
-resolves relative ``data_files`` against the working directory, ECOSYSTEM.md §4):
+resolves relative ``data_files`` against the working directory, lm-eval's task loader):
 
 * ``ccexp_ppl_<label>`` — ``loglikelihood_rolling`` perplexity (word and byte perplexity, bits per
   byte) of the held-out documents of each label value (e.g. each ``domain``), or of all held-out
@@ -69,7 +69,7 @@ metadata:
 
 
 def task_names(values: list[str]) -> dict[str, str]:
-    """A distinct lm-eval task name ``ccexp_ppl_<value>`` for every label value (:func:`ccexp.names.safe_names`)."""
+    """A distinct lm-eval task name ``ccexp_ppl_<value>`` for every label value ([`ccexp.names.safe_names`][ccexp.names.safe_names])."""
     from ccexp.names import safe_names
 
     return {v: f"ccexp_ppl_{name}" for v, name in safe_names(values, allowed="a-z0-9_", lower=True).items()}
@@ -101,7 +101,7 @@ def write_local_tasks(out_dir: Path, texts: list[str], labels: list[str] | None,
         mc_docs: questions in the multiple-choice task (documents of >= 40 characters).
         max_chars: documents are cut to this many characters.
         tokenizer, max_length: the model's tokenizer and context; each multiple-choice question is cut
-            to fit it (:func:`fit_to_context`). Perplexity tasks score rolling windows, which always fit.
+            to fit it ([`fit_to_context`][ccexp.evaluation.lm_eval_bridge.fit_to_context]). Perplexity tasks score rolling windows, which always fit.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

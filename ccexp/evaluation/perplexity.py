@@ -13,7 +13,7 @@ token so that every document token is predicted. Definitions (all perplexities a
 * ``ppl_rare`` / ``ppl_common``: token-weighted over the held-out documents of the clusters in the
   bottom / top quintile of training cluster size (when ``sizes`` is given);
 * ``ppl_<label>/<value>``: per label value, e.g. ``ppl_domain/code.go`` (the value made a safe,
-  distinct name by :func:`ccexp.names.safe_names`);
+  distinct name by [`ccexp.names.safe_names`][ccexp.names.safe_names]);
 * ``bpb`` / ``bpb_macro`` (when the scored bytes are given): bits per UTF-8 byte of the scored text,
   ``sum NLL / (ln 2 · sum bytes)`` over all held-out documents / the mean over clusters of each
   cluster's — unlike perplexity it does not depend on the tokenizer, so models with different
@@ -32,7 +32,7 @@ from ccexp.names import safe_names
 
 def scored_windows(offsets: np.ndarray, docs: np.ndarray, max_tokens: int,
                    prompt_tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The window :func:`document_nll` reads of each document: ``begin`` (int64[n], its first token in the
+    """The window [`document_nll`][ccexp.evaluation.perplexity.document_nll] reads of each document: ``begin`` (int64[n], its first token in the
     corpus token array), ``context`` (int64[n], leading tokens that are context only: the kept end of an
     instruction's prompt) and ``length`` (int64[n], tokens in the window, at most ``max_tokens``); the
     scored tokens are ``tokens[begin + context : begin + length]``."""
@@ -48,7 +48,7 @@ def scored_windows(offsets: np.ndarray, docs: np.ndarray, max_tokens: int,
 
 def scored_bytes(tokenizer, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, max_tokens: int,
                  prompt_tokens: np.ndarray | None = None) -> np.ndarray:
-    """int64[n]: UTF-8 bytes of the text of each document's scored tokens (:func:`scored_windows`),
+    """int64[n]: UTF-8 bytes of the text of each document's scored tokens ([`scored_windows`][ccexp.evaluation.perplexity.scored_windows]),
     decoded by ``tokenizer`` — the denominator of bits per byte."""
     begin, context, length = scored_windows(offsets, docs, max_tokens, prompt_tokens)
     pieces = [np.asarray(tokens[b + c:b + n]).tolist() for b, c, n in zip(begin, context, length)]
@@ -113,7 +113,7 @@ def summarize(nll: np.ndarray, ntok: np.ndarray, clusters: np.ndarray, num_clust
     Args:
         nll: float64[n] summed NLL per document; ntok: int64[n] tokens per document;
         clusters: int[n] cluster of each document; labels: name -> list of n strings;
-        nbytes: int64[n] UTF-8 bytes of each document's scored text (:func:`scored_bytes`), for ``bpb``.
+        nbytes: int64[n] UTF-8 bytes of each document's scored text ([`scored_bytes`][ccexp.evaluation.perplexity.scored_bytes]), for ``bpb``.
     """
     clusters = np.asarray(clusters, dtype=np.int64)
     metrics = {"ppl": float(np.exp(nll.sum() / max(1, ntok.sum()))), "heldout_documents": float(nll.size),

@@ -1,6 +1,6 @@
 """Sampling policies: each yields the global batch of document indices for every optimizer step.
 
-One module per policy; see ``SAMPLING.md`` for the contract and :mod:`ccexp.sampling.base` for the
+One module per policy; see [`ccexp.sampling.base`][ccexp.sampling.base] for the
 protocol.
 """
 from ccexp.sampling.base import Sampler, rank_slice

@@ -1,13 +1,13 @@
-"""The sampler protocol shared by every policy (DESIGN.md, "Sampler protocol").
+"""The sampler protocol shared by every policy.
 
 A policy owns the data order: it is a deterministic, resumable *stream of documents*, drawn in
-blocks of ``block_size`` document indices (:meth:`Sampler.next_block`). Tokens, not documents, are
-the unit of an optimizer step: :class:`ccexp.data.packing.TokenStream` draws as many blocks as it
+blocks of ``block_size`` document indices ([`Sampler.next_block`][ccexp.sampling.base.Sampler.next_block]). Tokens, not documents, are
+the unit of an optimizer step: `ccexp.data.packing.TokenStream` draws as many blocks as it
 needs to fill a step's ``tokens_per_step`` and deals the step's rows to the data-parallel ranks, so
 the global stream does not depend on the world size and the per-cluster exposure is known exactly.
 
 A policy may keep several independent streams, *lanes* (CluSTER keeps one per cluster); each row of
-a step is filled from the lane :meth:`Sampler.row_lanes` assigns to it. Indices refer to the
+a step is filled from the lane [`Sampler.row_lanes`][ccexp.sampling.base.Sampler.row_lanes] assigns to it. Indices refer to the
 sampler's own document set (ccexp passes the training split), and ``labels[i]`` is document ``i``'s
 cluster.
 """
@@ -43,7 +43,7 @@ class Sampler(ABC):
     Args:
         labels: int32[N] cluster id of each document, in ``[0, K)``.
         sizes: int64[K] cluster sizes; must equal ``bincount(labels, minlength=K)``.
-        block_size: documents per :meth:`next_block` call, ``>= 1``; ccexp sizes it to about one
+        block_size: documents per [`next_block`][ccexp.sampling.base.Sampler.next_block] call, ``>= 1``; ccexp sizes it to about one
             optimizer step's documents. The stream of ``random``, ``uniform`` and ``clusterclip``
             (``after_clip=uniform``) does not depend on it; policies that draw i.i.d. per block do.
         seed: the stream is a deterministic function of ``(seed, state)``.
@@ -120,7 +120,7 @@ class Sampler(ABC):
         """int64[rows]: the lane that fills each of a step's ``rows`` rows (all 0 for one lane).
 
         Raises:
-            CcexpError: if the policy cannot lay out ``rows`` rows (see :class:`ClusterDPSampler`).
+            CcexpError: if the policy cannot lay out ``rows`` rows (see `ClusterDPSampler`).
         """
         return np.zeros(int(rows), dtype=np.int64)
 
@@ -189,7 +189,7 @@ class Sampler(ABC):
         self._blocks = int(state["blocks"])
         self._exposure = np.asarray(state["exposure"], dtype=np.int64).copy()
 
-    # -- telemetry (SAMPLING.md, "Reporting, for every policy") --------------------------------
+    # -- telemetry, for every policy --------------------------------
     def active_clusters(self) -> int:
         """Clusters that can still be drawn (all non-empty clusters unless the policy clips)."""
         return int(np.count_nonzero(self.sizes))
@@ -201,7 +201,7 @@ class Sampler(ABC):
     def telemetry(self, since: np.ndarray | None = None) -> dict[str, float]:
         """Exposure statistics: clusters still active, max and mean repetition, and the entropy (nats)
         of the sampled cluster mix with its KL divergence (nats) to the corpus mix and to uniform —
-        over the whole run, and with ``since`` (an earlier :meth:`exposure`) also over the window
+        over the whole run, and with ``since`` (an earlier [`exposure`][ccexp.sampling.base.Sampler.exposure]) also over the window
         since then (``window_*``)."""
         out = {"active_clusters": float(self.active_clusters()), "max_repetition": float(self.max_repetition()),
                "mean_repetition": float(self._exposure.sum() / self.num_documents)}
@@ -229,7 +229,7 @@ def token_shares(document_weights: np.ndarray, mean_tokens: np.ndarray) -> np.nd
 
 def document_shares(token_weights: np.ndarray, mean_tokens: np.ndarray) -> np.ndarray:
     """float64[K]: the cluster draw probabilities whose expected token shares are ``token_weights``
-    (the inverse of :func:`token_shares`): ``t_c / μ_c / Σ_j t_j / μ_j``."""
+    (the inverse of [`token_shares`][ccexp.sampling.base.token_shares]): ``t_c / μ_c / Σ_j t_j / μ_j``."""
     p = np.asarray(token_weights, dtype=np.float64) / np.asarray(mean_tokens, dtype=np.float64)
     return p / p.sum() if p.sum() > 0 else p
 
@@ -249,7 +249,7 @@ def mix_statistics(drawn: np.ndarray, sizes: np.ndarray) -> dict[str, float]:
 
 
 def pass_histogram(drawn: np.ndarray, sizes: np.ndarray) -> dict[int, int]:
-    """Repetition histogram of groups whose draws are passes: see :meth:`Sampler.repetition_histogram`."""
+    """Repetition histogram of groups whose draws are passes: see [`Sampler.repetition_histogram`][ccexp.sampling.base.Sampler.repetition_histogram]."""
     nz = sizes > 0
     full, extra = np.divmod(drawn[nz], sizes[nz])
     hist: dict[int, int] = {}

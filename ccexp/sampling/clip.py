@@ -4,7 +4,7 @@ A document that has been drawn ``M`` times leaves the pool. Because every policy
 cluster as passes over a permutation, "every document of cluster c has been drawn M times" is
 "cluster c has completed M passes": cluster c may take ``M · n_c`` draws (between resets), and the
 clip's whole state is the number of resets — O(1) on top of the sampler's exposure counters.
-``uniform`` rounds and ``dynamic``'s i.i.d. draws consult :meth:`RepetitionClip.quota`; a cluster
+``uniform`` rounds and ``dynamic``'s i.i.d. draws consult [`RepetitionClip.quota`][ccexp.sampling.clip.RepetitionClip.quota]; a cluster
 with no quota left is no longer drawn.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ class RepetitionClip:
         return {"resets": self.resets, "clip_threshold": self.threshold}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+        """Restore `state_dict`.
 
         Raises:
             CcexpError: if the state was saved with another threshold.

@@ -1,5 +1,5 @@
 """``cluster_dp``: CluSTER's balanced data-parallel allocation with loss re-weighting
-(Kim et al., kaist-dmlab/CluSTER: ``custom_sampler.py``, ``coreset_trainer.py``; SAMPLING.md).
+(Kim et al., kaist-dmlab/CluSTER: ``custom_sampler.py``, ``coreset_trainer.py``).
 
 1. **Reduction**: every cluster keeps ``m = floor(min_c n_c · ratio)`` documents — the ``keep``
    farthest from the centroid (default, as the reference code), the closest, or a random subset.
@@ -10,7 +10,7 @@
    ``interleaved`` gives row p to cluster ``p mod K``, spreading every cluster evenly over the ranks.
 3. **Weighted update**: the loss of a document of cluster c is multiplied by
    ``w_c = K · n_c / N`` (original sizes), so the expected gradient matches the full-data mix;
-   ``Σ_c w_c / K = 1``. :meth:`loss_weights` gives ``w``; the runner applies it per token.
+   ``Σ_c w_c / K = 1``. `loss_weights` gives ``w``; the runner applies it per token.
 
 Within a cluster, draws are passes over a pseudo-random permutation of its kept documents.
 Invariants (tested): kept sizes are equal; every step gives every cluster the same number of
@@ -37,12 +37,12 @@ class ClusterDPSampler(Sampler):
     """CluSTER allocation; see the module docstring.
 
     Args:
-        labels: see :class:`ccexp.sampling.base.Sampler`.
-        sizes: see :class:`ccexp.sampling.base.Sampler`.
-        seed: see :class:`ccexp.sampling.base.Sampler`.
-        document_tokens: see :class:`ccexp.sampling.base.Sampler`.
-        token_budget: see :class:`ccexp.sampling.base.Sampler`.
-        block_size: see :class:`ccexp.sampling.base.Sampler`; here per lane, i.e. per cluster.
+        labels: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        sizes: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        seed: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        document_tokens: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        token_budget: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        block_size: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler]; here per lane, i.e. per cluster.
         similarity: float[N] cosine similarity of each document to its centroid (needed for
             ``keep=farthest|closest``).
         ratio: fraction of the smallest cluster kept per cluster, in (0, 1].
@@ -50,7 +50,7 @@ class ClusterDPSampler(Sampler):
         layout: ``blocked`` or ``interleaved``.
 
     Raises:
-        CcexpError: if an option is invalid, or (from :meth:`row_lanes`) a step's rows are not a
+        CcexpError: if an option is invalid, or (from [`row_lanes`][ccexp.sampling.cluster_dp.ClusterDPSampler.row_lanes]) a step's rows are not a
             multiple of the number of non-empty clusters.
     """
 

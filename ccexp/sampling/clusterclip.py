@@ -1,7 +1,7 @@
 """``clusterclip``: ClusterClip sampling (Shao et al., "Balanced Data Sampling for Language Model
 Training with Clustering", ACL Findings 2024, arXiv 2402.14526, §3 and Figure 1).
 
-The algorithm (SAMPLING.md, "clusterclip"), one draw at a time:
+The algorithm (Shao et al., arXiv 2402.14526, the method section), one draw at a time:
 
 1. **Balance the clusters**: pick a cluster uniformly among the clusters still active (``uniform``'s
    rounds: each round visits every active cluster once, in a fresh order).
@@ -9,7 +9,7 @@ The algorithm (SAMPLING.md, "clusterclip"), one draw at a time:
    members, so repetition counts inside a cluster never differ by more than one.
 3. **Clip**: a document drawn ``M = clip_threshold`` times leaves the pool. With passes, that is
    "the cluster finished M passes": cluster c takes at most ``M · n_c`` draws
-   (:class:`~ccexp.sampling.clip.RepetitionClip`, O(K) state), then leaves the active set for good.
+   ([`RepetitionClip`][ccexp.sampling.clip.RepetitionClip], O(K) state), then leaves the active set for good.
 4. **After a clip** (``after_clip``): ``uniform`` (default, the reading of Fig. 1) keeps picking
    uniformly among the clusters left; ``proportional`` picks i.i.d. with probability proportional to
    the documents each cluster has left.
@@ -37,12 +37,12 @@ class ClusterClipSampler(UniformSampler):
     """Uniform cluster sampling with a per-document repetition clip.
 
     Args:
-        labels: see :class:`ccexp.sampling.base.Sampler`.
-        sizes: see :class:`ccexp.sampling.base.Sampler`.
-        block_size: see :class:`ccexp.sampling.base.Sampler`.
-        seed: see :class:`ccexp.sampling.base.Sampler`.
-        document_tokens: see :class:`ccexp.sampling.base.Sampler`.
-        token_budget: see :class:`ccexp.sampling.base.Sampler`; with ``on_exhausted="error"`` a budget
+        labels: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        sizes: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        block_size: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        seed: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        document_tokens: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        token_budget: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler]; with ``on_exhausted="error"`` a budget
             above ``M · sum(document_tokens)`` is rejected here, before any training.
         clip_threshold: M >= 1, the most times a document may be drawn (between resets).
         after_clip: ``"uniform"`` or ``"proportional"`` (step 4 above).

@@ -1,8 +1,8 @@
-"""``dynamic``: online cluster reweighting from the training loss (SAMPLING.md, "dynamic").
+"""``dynamic``: online cluster reweighting from the training loss (ODM: Albalak et al. 2023; DoReMi: Xie et al. 2023).
 
 Cluster weights ``π`` (on the simplex) are updated every ``update_every`` optimizer steps after
 ``warmup_steps`` from the per-cluster mean token loss ``L_c`` that the runner reports through
-:meth:`observe` (summed over the window, the step's micro-batches and all data-parallel ranks).
+`observe` (summed over the window, the step's micro-batches and all data-parallel ranks).
 Until the first ``warmup_steps`` optimizer steps have been observed, clusters are drawn in
 ``uniform``'s rounds; after that, i.i.d. from ``π`` (one generator per block, keyed by the seed and
 the block index). Documents within a cluster are passes over a permutation, as in ``uniform``; the
@@ -14,7 +14,7 @@ Rules (``K`` = non-empty clusters, ``t`` = optimizer steps since the warm-up end
   (``group_update`` in the reference code, ``megatron/data/data_sampling_utils.py``):
   ``R_c ← β R_c + (1-β) exp(L_c)``, ``ε_t = min(1/K, sqrt(ln K / (K t)))``,
   ``w_c = (1 - K ε_t) R_c / Σ_j R_j + ε_t`` (the paper's ``ε_{t-1}`` factors cancel), ``π = w``.
-  ``t`` counts optimizer steps, as in ODM, which updates every step (SAMPLING.md, revised
+  ``t`` counts optimizer steps, as in ODM, which updates every step (since
   2026-11-30): with ``t`` in updates and ``update_every=10``, ``ε_t`` stayed ``1/K`` (``π`` exactly
   uniform) for ``K ln K`` updates — the whole default run at K=32. Exploration ends (``ε_t < 1/K``)
   after ``K ln K`` steps (111 at K=32). A cluster's ``R`` starts at its first observation; clusters
@@ -22,7 +22,7 @@ Rules (``K`` = non-empty clusters, ``t`` = optimizer steps since the warm-up end
 * ``doremi`` — DoReMi's excess-loss update, Xie et al., arXiv 2305.10429, Alg. 1, as the authors'
   ``update_domain_weights`` (sangmichaelxie/doremi, ``doremi/trainer.py``, ``doremiv1``), with a
   reference model's per-cluster loss ``L_ref`` (``reference_losses``; by default the ``reference``
-  stage's, a short ``sampler=random`` run on the same data, :func:`ccexp.training.reference.reference_losses`):
+  stage's, a short ``sampler=random`` run on the same data, `ccexp.training.reference.reference_losses`):
   ``λ_c = max(L_c − L_ref,c, 0)`` for a cluster seen in the window (the last ``λ_c`` for one that was
   not, as the authors keep ``perdomain_scores``), ``α = softmax(log π + η_t · λ)``,
   ``π ← (1-ε) α + ε/K``: each update starts from the previous *smoothed* weights, so a cluster that fell
@@ -40,7 +40,7 @@ Rules (``K`` = non-empty clusters, ``t`` = optimizer steps since the warm-up end
 
 Invariants (tested): ``π`` stays on the simplex with ``π_c ≥ ε_t``; equal losses keep ``π``
 uniform; a cluster with persistently higher loss gains probability; no update during warm-up.
-:meth:`average_weights` is DoReMi's output, the mixture to reuse (Xie et al. 2023, Alg. 1, "return
+`average_weights` is DoReMi's output, the mixture to reuse (Xie et al. 2023, Alg. 1, "return
 the average weights"): ``π`` averaged over the updates (the weights after each update, as the authors'
 ``write_weights`` averages them), given as *token shares* (``π_c · μ_c`` normalised, ``μ_c`` the mean
 tokens of cluster c's documents: ``π`` draws documents, and a mixture's weights are shares of tokens).
@@ -110,12 +110,12 @@ class DynamicSampler(UniformSampler):
     """Online cluster reweighting; see the module docstring.
 
     Args:
-        labels: see :class:`ccexp.sampling.base.Sampler`.
-        sizes: see :class:`ccexp.sampling.base.Sampler`.
-        block_size: see :class:`ccexp.sampling.base.Sampler`.
-        seed: see :class:`ccexp.sampling.base.Sampler`.
-        document_tokens: see :class:`ccexp.sampling.base.Sampler`.
-        token_budget: see :class:`ccexp.sampling.base.Sampler`.
+        labels: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        sizes: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        block_size: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        seed: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        document_tokens: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
+        token_budget: see [`ccexp.sampling.base.Sampler`][ccexp.sampling.base.Sampler].
         rule: ``odm`` or ``doremi`` (the latter needs ``reference_losses``).
         update_every: steps per weight update (1, as ODM; ``ε_t`` counts steps either way).
         warmup_steps: optimizer steps sampled uniformly over clusters, without updates (the config's
@@ -127,7 +127,7 @@ class DynamicSampler(UniformSampler):
         reference_losses: DoReMi's per-cluster reference loss (float[K], a list, a .npy or a .json file),
             nats/token; ``"auto"`` is the config's default, which the run's ``reference`` stage replaces
             by an array (given to the constructor itself, it is refused: there is no reference run here).
-        clip_threshold: ClusterClip's repetition clip M (:class:`~ccexp.sampling.clip.RepetitionClip`);
+        clip_threshold: ClusterClip's repetition clip M ([`RepetitionClip`][ccexp.sampling.clip.RepetitionClip]);
             None = no clip.
         on_exhausted: the clip's ``error`` or ``reset`` when every cluster is exhausted.
 
@@ -200,7 +200,7 @@ class DynamicSampler(UniformSampler):
         return self._pi_sum / self._updates if self._updates else self._pi.copy()
 
     def average_weights(self) -> np.ndarray:
-        """float64[K] token shares of :meth:`average_draw_weights`: each cluster's averaged draw probability
+        """float64[K] token shares of [`average_draw_weights`][ccexp.sampling.dynamic.DynamicSampler.average_draw_weights]: each cluster's averaged draw probability
         times its mean document tokens, normalised (see the module docstring)."""
         return token_shares(self.average_draw_weights(), self.mean_document_tokens())
 

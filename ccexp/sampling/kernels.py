@@ -1,7 +1,7 @@
 """Compiled kernels of the samplers' hot paths (issue 14, "Samplers at memory speed").
 
 Every sampler turns "the ``e``-th draw from group ``g``" into a document with the same arithmetic
-(:mod:`ccexp.sampling.permutation`): pass ``p = e div n`` and position ``i = e mod n`` of the group's
+([`ccexp.sampling.permutation`][ccexp.sampling.permutation]): pass ``p = e div n`` and position ``i = e mod n`` of the group's
 ``n`` members, the affine map ``(a·i + b) mod n`` keyed by the SplitMix64 hash of ``(key, g, p)``,
 and a gather from the group's shuffled members. Vectorised, NumPy spent most of the time on
 block-sized ``int64``/``uint64`` temporaries (a division, a modulo and ten hash passes per index), on
@@ -13,10 +13,10 @@ and a hash only at a pass boundary — and what remains is the cache miss of the
   wrap-around would flush the misses in flight); counts that depend on a gathered value are made
   in a third loop, for the same reason;
 * a group far larger than the caches (``random``'s 800 MB base order at 100M documents) is read in
-  ascending sweeps instead (:func:`_sweep`, by the three-distance theorem), which the prefetcher and
+  ascending sweeps instead ([`_sweep`][ccexp.sampling.kernels._sweep], by the three-distance theorem), which the prefetcher and
   the TLB can follow;
-* the construction-time shuffles replay NumPy's (:func:`shuffle_like_numpy`) on (document, cluster)
-  words, and grouping by cluster is a counting sort over them (:func:`shuffled_groups`): O(N), no
+* the construction-time shuffles replay NumPy's ([`shuffle_like_numpy`][ccexp.sampling.kernels.shuffle_like_numpy]) on (document, cluster)
+  words, and grouping by cluster is a counting sort over them ([`shuffled_groups`][ccexp.sampling.kernels.shuffled_groups]): O(N), no
   label lookups at random, no ``argsort``.
 
 **Why numba.** The loops are sequential (each draw continues its group's pass; Fisher-Yates swaps in
@@ -29,18 +29,18 @@ only: no sequential state, no gathers) and PyTorch ops (the same temporaries as 
 is a one-time JIT compile, 2-4 s per policy on first use (about 10 s for all, idle), cached next to this module
 (``cache=True``); where that folder is read-only numba uses its user cache (``~/.cache/numba`` or
 ``NUMBA_CACHE_DIR``), and where no cache folder is writable the kernels compile in every process,
-with one warning (:func:`_jit`). :func:`warm_up` compiles (or loads) them all and says how long it took.
+with one warning ([`_jit`][ccexp.sampling.kernels._jit]). [`warm_up`][ccexp.sampling.kernels.warm_up] compiles (or loads) them all and says how long it took.
 
 **Same numbers as NumPy.** The random numbers still come from NumPy's ``Generator``; the kernels do
-index arithmetic only. :func:`shuffle_like_numpy` replays ``Generator.shuffle``'s Fisher-Yates loop
+index arithmetic only. [`shuffle_like_numpy`][ccexp.sampling.kernels.shuffle_like_numpy] replays ``Generator.shuffle``'s Fisher-Yates loop
 (NumPy's ``random_interval``: masked rejection on the 32-bit halves of PCG64's outputs, lower half
 first) on outputs drawn by the generator's own bit generator, and leaves the generator in the state
 NumPy's shuffle would. ``tests/test_sampling_kernels.py`` checks every kernel against its NumPy
-reference (:mod:`ccexp.sampling.permutation`, ``Generator.permutation``, ``argsort``, ``bincount``).
+reference ([`ccexp.sampling.permutation`][ccexp.sampling.permutation], ``Generator.permutation``, ``argsort``, ``bincount``).
 
 Conventions: positions and counts are int64; members are int32 (int64 from ``2**31`` documents);
 group sizes satisfy ``1 <= n < 2**31``; ``key`` is a ``numpy.uint64`` from
-:func:`~ccexp.sampling.permutation.derive_keys`. Kernels write into NumPy-allocated outputs, so a
+[`derive_keys`][ccexp.sampling.permutation.derive_keys]. Kernels write into NumPy-allocated outputs, so a
 memory trace sees them; what they allocate themselves is O(K) or a scratch of ``_TILE`` entries.
 """
 from __future__ import annotations
@@ -86,8 +86,8 @@ def _mix64(x):
 @njit(inline="always", nogil=True)  # inlined: cached within its callers
 def _affine(key, group, p, n, pos):
     """(x, step) of pass ``p`` of group ``group`` (size ``n``) at position ``pos``: ``x = (a·pos + b) mod n``,
-    ``step = a mod n`` — :func:`~ccexp.sampling.permutation.affine_permute` of
-    :func:`~ccexp.sampling.permutation.pass_hash`, in uint64 as there."""
+    ``step = a mod n`` — [`affine_permute`][ccexp.sampling.permutation.affine_permute] of
+    [`pass_hash`][ccexp.sampling.permutation.pass_hash], in uint64 as there."""
     h = _mix64(key ^ ((np.uint64(group) << _U32) + np.uint64(p)))
     a = _MULTIPLIERS[h & np.uint64(63)]
     un = np.uint64(n)
@@ -98,7 +98,7 @@ def _affine(key, group, p, n, pos):
 @njit(inline="always", nogil=True)  # inlined: cached within its callers
 def _advance(key, group, n, p, pos, x, step):
     """One draw further along group ``group``'s passes (size ``n``): ``(p, pos, x, step)`` of the next draw,
-    ``x`` moving by ``step`` (wrapped once) inside a pass, a fresh :func:`_affine` map at a pass boundary."""
+    ``x`` moving by ``step`` (wrapped once) inside a pass, a fresh [`_affine`][ccexp.sampling.kernels._affine] map at a pass boundary."""
     pos += 1
     if pos == n:
         x, step = _affine(key, group, p + 1, n, 0)
@@ -110,7 +110,7 @@ def _advance(key, group, n, p, pos, x, step):
 
 
 _TILE = 1 << 16  # draws per ascending sweep: enough to stream over a large array, small enough for L2
-_SWEEP_BYTES = 1 << 26  # groups from 64 MiB up are read in ascending sweeps (:func:`_sweep`) ...
+_SWEEP_BYTES = 1 << 26  # groups from 64 MiB up are read in ascending sweeps ([`_sweep`][ccexp.sampling.kernels._sweep]) ...
 _SWEEP_DRAWS = 1 << 12  # ... when at least this many draws are taken from them at once
 
 
@@ -173,11 +173,11 @@ def _ascending(s0, d, n, m, xs, ts):
 @_jit
 def _sweep(members, start, n, group, key, e0, count, out, out_start, xs, ts):
     """``out[out_start + t] = members[start + x_t]`` for draws ``e0 .. e0+count-1`` of group ``group``
-    (the result of :func:`_positions` then :func:`_gather`), reading ``members`` in ascending order
+    (the result of [`_positions`][ccexp.sampling.kernels._positions] then [`_gather`][ccexp.sampling.kernels._gather]), reading ``members`` in ascending order
     within each pass and tile of ``len(xs)`` draws: the hardware prefetcher and the TLB then follow
     the reads, where draws in stream order jump across the whole array. Worth its two extra passes
     only on a group far larger than the caches (``random`` at 100M documents, 800 MB: ~25% faster;
-    a 6 MB ``cluster_dp`` lane or a 60 MB cluster: slower), so :func:`_draws` decides."""
+    a 6 MB ``cluster_dp`` lane or a 60 MB cluster: slower), so [`_draws`][ccexp.sampling.kernels._draws] decides."""
     j = 0
     while j < count:
         e = e0 + j
@@ -194,8 +194,8 @@ def _sweep(members, start, n, group, key, e0, count, out, out_start, xs, ts):
 
 @_jit
 def _draws(members, start, n, group, key, e0, count, out, out_start, xs, ts):
-    """:func:`_sweep` for many draws from a group of ``_SWEEP_BYTES`` or more, else :func:`_positions`
-    then :func:`_gather` (same result)."""
+    """[`_sweep`][ccexp.sampling.kernels._sweep] for many draws from a group of ``_SWEEP_BYTES`` or more, else [`_positions`][ccexp.sampling.kernels._positions]
+    then [`_gather`][ccexp.sampling.kernels._gather] (same result)."""
     if count >= _SWEEP_DRAWS and n * members.itemsize >= _SWEEP_BYTES:
         _sweep(members, start, n, group, key, e0, count, out, out_start, xs, ts)
     else:
@@ -271,7 +271,7 @@ def pass_stream(clusters, exposure, sizes, starts, members, key, out):
 def grouped_documents(counts, exposure, sizes, starts, members, key, out):
     """Documents of ``counts[c]`` draws from each cluster, grouped by cluster (ascending) — the sorted
     order that the i.i.d. policies then shuffle: cluster c's draws are its numbers
-    ``exposure[c] .. exposure[c]+counts[c]-1``. Arguments as :func:`pass_stream` (``counts``: int64[K])."""
+    ``exposure[c] .. exposure[c]+counts[c]-1``. Arguments as [`pass_stream`][ccexp.sampling.kernels.pass_stream] (``counts``: int64[K])."""
     tile = min(out.size, _TILE)
     xs, ts = np.empty(tile, np.int64), np.empty(tile, np.int64)
     j = 0
@@ -285,9 +285,9 @@ def grouped_documents(counts, exposure, sizes, starts, members, key, out):
 @_jit
 def token_fair_documents(weights, taken, exposure, quota, sizes, starts, members, document_tokens, key, out):
     """Documents chosen so that each cluster's *tokens* follow ``weights``: weighted fair queueing with
-    eligibility (WF²Q, Bennett & Zhang 1996; the rule and bound of :mod:`ccexp.sampling.sources`, with
+    eligibility (WF²Q, Bennett & Zhang 1996; the rule and bound of [`ccexp.sampling.sources`][ccexp.sampling.sources], with
     clusters for sources). Cluster ``c``'s next document is its draw number ``exposure[c]`` (its passes,
-    as :func:`pass_stream`); among the clusters with ``weights[c] > 0`` and ``quota[c] > 0`` that are not
+    as [`pass_stream`][ccexp.sampling.kernels.pass_stream]); among the clusters with ``weights[c] > 0`` and ``quota[c] > 0`` that are not
     ahead (``taken[c] <= weights[c] · Σ taken``) the one whose next document finishes first,
     ``(taken[c] + tokens) / weights[c]``, is chosen (ties: lowest id). O(K) per document.
 
@@ -296,7 +296,7 @@ def token_fair_documents(weights, taken, exposure, quota, sizes, starts, members
         taken: int64[K] tokens taken from each cluster since the shares last changed (updated).
         exposure: int64[K] draws of each cluster so far (updated).
         quota: int64[K] draws each cluster may still take (updated; a cluster leaves at 0).
-        sizes, starts, members, key: as :func:`pass_stream`.
+        sizes, starts, members, key: as [`pass_stream`][ccexp.sampling.kernels.pass_stream].
         document_tokens: int64[N] tokens of each document.
         out: int64[B] documents (output).
 
@@ -467,7 +467,7 @@ def group_stable(order: np.ndarray, labels: np.ndarray, sizes: np.ndarray) -> np
 @_jit
 def pack_labelled(labels, out):
     """``out[i] = i | labels[i] << 32`` (int64[N], N < 2**31): a document and its cluster in one 8-byte
-    word — ``random``'s base order (one cache line per draw) and the input of :func:`shuffled_groups`."""
+    word — ``random``'s base order (one cache line per draw) and the input of [`shuffled_groups`][ccexp.sampling.kernels.shuffled_groups]."""
     for i in range(labels.size):
         out[i] = i | (np.int64(labels[i]) << 32)
 
@@ -491,8 +491,8 @@ def _group_packed(packed, offsets, out):
 
 
 def shuffled_groups(labels: np.ndarray, sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """:func:`ccexp.sampling.permutation.shuffled_groups` (same result, same use of ``rng``): the
-    permutation replayed on (document, cluster) words (:func:`shuffled_packed`), then a stable counting
+    """[`ccexp.sampling.permutation.shuffled_groups`][ccexp.sampling.permutation.shuffled_groups] (same result, same use of ``rng``): the
+    permutation replayed on (document, cluster) words ([`shuffled_packed`][ccexp.sampling.kernels.shuffled_packed]), then a stable counting
     sort by cluster that reads them in order — O(N), no label lookups at random.
 
     Args:

@@ -6,7 +6,7 @@ weights with a small proxy run, then train the main model on the proxy's *averag
 *training tokens*, as ``data.sources`` weights, OLMo-core's and Dolma's mixture ratios, DoReMi's
 published domain weights (over fixed-length sequences) and UniMax's budget are. The clusters are then
 interleaved by weighted fair queueing over their tokens (WF²Q, the rule and proof of
-:mod:`ccexp.sampling.sources` with clusters for sources, :func:`ccexp.sampling.kernels.token_fair_documents`):
+[`ccexp.sampling.sources`][ccexp.sampling.sources] with clusters for sources, [`ccexp.sampling.kernels.token_fair_documents`][ccexp.sampling.kernels.token_fair_documents]):
 the next document comes from the cluster, among those not ahead of their share, whose next document
 finishes first in the weighted token schedule. **Bound**: after every document, every cluster ``c``
 in play holds ``|x_c − w_c · T| <= L`` tokens (``x_c`` its tokens, ``T`` all tokens, ``L`` the largest
@@ -29,7 +29,7 @@ has them: with ``clusterer=labels`` the sorted label values), then read as an id
 training documents gets weight 0 (a warning names any the weights gave some).
 
 ``max_repetitions`` M: no document is drawn more than M times, ClusterClip's
-:class:`~ccexp.sampling.clip.RepetitionClip` (a cluster leaves after ``M · n_c`` draws) — and the
+[`RepetitionClip`][ccexp.sampling.clip.RepetitionClip] (a cluster leaves after ``M · n_c`` draws) — and the
 others are then *re-mixed* in their given proportions, so the realised mix differs from the weights.
 OLMo-core's ``max_repetition_factor`` instead refuses a mixture that would repeat a source more often;
 ccexp warns before training which clusters will be clipped and records the realised shares. With
@@ -264,7 +264,7 @@ def _check_total(w: np.ndarray, sizes: np.ndarray, names: list[str] | None = Non
 
 class MixtureSampler(UniformSampler):
     """Clusters i.i.d. from given weights, documents by passes, an optional repetition cap; see the
-    module docstring and :class:`~ccexp.sampling.base.Sampler` for the shared arguments
+    module docstring and [`Sampler`][ccexp.sampling.base.Sampler] for the shared arguments
     (``labels`` int32[N], ``sizes`` int64[K], ``block_size``, ``seed``, ``document_tokens`` int64[N],
     ``token_budget``).
 
@@ -348,11 +348,11 @@ class MixtureSampler(UniformSampler):
                         ", ".join(map(str, short[:20])), m)
 
     def weights(self) -> np.ndarray:
-        """float64[K]: the given mix, normalised, in :attr:`weight_unit` (token shares by default)."""
+        """float64[K]: the given mix, normalised, in [`weight_unit`][ccexp.sampling.mixture.MixtureSampler.weight_unit] (token shares by default)."""
         return self._pi.copy()
 
     def given_weights(self) -> np.ndarray:
-        """float64[K]: the given mix, normalised, in :attr:`weight_unit`. A run's table writes it beside
+        """float64[K]: the given mix, normalised, in [`weight_unit`][ccexp.sampling.mixture.MixtureSampler.weight_unit]. A run's table writes it beside
         the realised token shares, which are what a later run reuses (see the module docstring)."""
         return self._pi.copy()
 
@@ -376,7 +376,7 @@ class MixtureSampler(UniformSampler):
 
     def _token_fair_documents(self, count: int) -> np.ndarray:
         """int64[c] the next ``count`` documents of the token-share schedule (``c < count`` as in
-        :meth:`_iid_documents`); ``self._exposure`` is advanced."""
+        [`_iid_documents`][ccexp.sampling.mixture.MixtureSampler._iid_documents]); ``self._exposure`` is advanced."""
         docs = np.empty(count, np.int64)
         got = 0
         big = np.iinfo(np.int64).max // 4
@@ -408,7 +408,7 @@ class MixtureSampler(UniformSampler):
                 "taken": self._taken.copy(), "in_play": self._in_play.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+        """Restore [`state_dict`][ccexp.sampling.mixture.MixtureSampler.state_dict].
 
         Raises:
             CcexpError: if the state was saved with other weights.

@@ -15,8 +15,8 @@ state. The affine maps are not uniformly random permutations; they reorder a ran
 which is what the samplers' invariants (counts per pass) and a training stream need.
 
 The functions here are the vectorised NumPy definitions. The samplers' hot paths run the same
-arithmetic in compiled loops (:mod:`ccexp.sampling.kernels`, tested equal to these), including
-:func:`shuffled_groups` (``kernels.shuffled_groups``: the same result in O(N) without argsort).
+arithmetic in compiled loops ([`ccexp.sampling.kernels`][ccexp.sampling.kernels], tested equal to these), including
+[`shuffled_groups`][ccexp.sampling.permutation.shuffled_groups] (``kernels.shuffled_groups``: the same result in O(N) without argsort).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def affine_permute(i: np.ndarray, n: np.ndarray | int, h: np.ndarray) -> np.ndar
     Args:
         i: int64 positions, ``0 <= i < n``.
         n: int64 domain sizes, ``1 <= n < 2**31`` (broadcast with ``i`` and ``h``).
-        h: uint64 hashes (e.g. :func:`pass_hash`); ``a`` comes from the low 6 bits, ``b`` from the high 32.
+        h: uint64 hashes (e.g. [`pass_hash`][ccexp.sampling.permutation.pass_hash]); ``a`` comes from the low 6 bits, ``b`` from the high 32.
 
     Returns:
         int64 ``(a·i + b) mod n``: for fixed ``(n, h)`` a bijection of ``[0, n)``.

@@ -1,14 +1,14 @@
-"""``random``: epoch-style shuffling of all N documents (SAMPLING.md, "random").
+"""``random``: epoch-style shuffling of all N documents.
 
 Draw ``p`` of the run (the p-th document of the stream) is position ``p mod N`` of epoch
 ``p div N``'s permutation: a seeded base shuffle of all documents, re-ordered each epoch by an affine
-map keyed by ``(seed, epoch)`` (:mod:`ccexp.sampling.permutation`). Within an epoch every document
+map keyed by ``(seed, epoch)`` (`ccexp.sampling.permutation`). Within an epoch every document
 appears exactly once, and cluster ``c`` is drawn with frequency ``n_c / N``. State: the number of
 documents drawn.
 
 The base order is kept as int64 words ``document | cluster << 32`` (8 bytes a document), so a draw
 reads one cache line for the document and its cluster's exposure count; the walk along the epoch's
-affine map is a compiled kernel (:func:`ccexp.sampling.kernels.pass_block_labelled`).
+affine map is a compiled kernel (`ccexp.sampling.kernels.pass_block_labelled`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _EPOCH_STREAM = 0x52414E44  # "RAND"
 
 
 class RandomSampler(Sampler):
-    """Uniform over documents, without replacement within an epoch. See :class:`Sampler` for args.
+    """Uniform over documents, without replacement within an epoch. See [`Sampler`][ccexp.sampling.base.Sampler] for args.
 
     Raises:
         CcexpError: for corpora of ``2**31`` documents or more.

@@ -43,7 +43,7 @@ sizes and lengths).
 **Within a source** documents come in the order its inner policy gives: ``inner(labels_s, sizes_s,
 block_size=, seed=, document_tokens=, token_budget=)`` builds the configured policy over that
 source's documents (``labels_s`` the *global* cluster ids, ``sizes_s = bincount(labels_s,
-minlength=K)``, so cluster ids stay global); any :class:`~ccexp.sampling.base.Sampler` class, or a
+minlength=K)``, so cluster ids stay global); any [`Sampler`][ccexp.sampling.base.Sampler] class, or a
 ``functools.partial`` of one with its options, fits. Its blocks are buffered (at most one per source)
 and its indices mapped back to global document indices. Its seed is derived from ``(seed, source)``
 and its token budget is its share plus the bound, ``ceil(w_s · token_budget) + L``, so a clipping
@@ -56,8 +56,8 @@ learns a cluster mix from all sources' tokens and applies it within its own sour
 several lanes or loss weights (``cluster_dp``) is refused.
 
 **State**: O(S + buffered blocks) — tokens per source, the buffers — plus the inner policies'
-states; resume is exact. :meth:`exposure` counts the documents placed in the stream;
-:meth:`max_repetition` and :meth:`repetition_histogram` are the inner policies' and so also count
+states; resume is exact. `exposure` counts the documents placed in the stream;
+`max_repetition` and `repetition_histogram` are the inner policies' and so also count
 the up to one buffered block per source they have drawn but the stream has not yet taken.
 """
 from __future__ import annotations
@@ -111,15 +111,15 @@ class SourceMixture(Sampler):
         inner: ``inner(labels_s, sizes_s, *, block_size, seed, document_tokens, token_budget) ->
             Sampler``, the cluster policy over one source's documents (see the module docstring);
             e.g. ``functools.partial(ClusterClipSampler, clip_threshold=4)``.
-        block_size: documents per :meth:`next_block` (and per inner block).
+        block_size: documents per [`next_block`][ccexp.sampling.sources.SourceMixture.next_block] (and per inner block).
         seed: the stream is a deterministic function of ``(seed, state)``; source ``s``'s policy
-            gets the seed :func:`inner_seed` ``(seed, s)``.
+            gets the seed [`inner_seed`][ccexp.sampling.sources.inner_seed] ``(seed, s)``.
         document_tokens: int64[N] stream tokens of each document (required: the shares are of tokens).
         token_budget: tokens the run takes from the stream, when known.
         source_names: S names for messages and notes (default ``"0"``, ``"1"``, ...).
 
     Raises:
-        CcexpError: one line, for bad sources or weights (:func:`normalise_source_weights`; a weight list
+        CcexpError: one line, for bad sources or weights ([`normalise_source_weights`][ccexp.sampling.sources.normalise_source_weights]; a weight list
             shorter than the source ids is a wrong count), a source with
             weight > 0 and no documents, missing ``document_tokens``, an inner policy with several
             lanes or loss weights, or an inner policy's own error (naming the source).
@@ -284,7 +284,7 @@ class SourceMixture(Sampler):
                 "inner": {str(s): self._inner[s].state_dict() for s in active}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+        """Restore [`state_dict`][ccexp.sampling.sources.SourceMixture.state_dict].
 
         Raises:
             CcexpError: if the state was saved for other sources, weights or corpus.

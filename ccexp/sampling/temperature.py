@@ -1,5 +1,5 @@
 """``temperature``: temperature sampling over clusters, the in-between of ``random`` and ``uniform``
-(SAMPLING.md, "temperature"; as for languages in multilingual LMs: Conneau & Lample 2019, XLM §3.1,
+(as for languages in multilingual LMs: Conneau & Lample 2019, XLM §3.1,
 ``q_i ∝ p_i^α``; Arivazhagan et al. 2019, "Massively Multilingual NMT", §4.2, ``T = 1/α``).
 
 The cluster of each draw is i.i.d. from ``π_c ∝ n_c^α`` (α ∈ [0, 1]; α = 1 is random's cluster mix,
@@ -27,7 +27,7 @@ def temperature_weights(sizes: np.ndarray, alpha: float) -> np.ndarray:
 
 class TemperatureSampler(UniformSampler):
     """Clusters i.i.d. from ``π_c ∝ n_c^α``, documents by passes; see the module docstring and
-    :class:`~ccexp.sampling.base.Sampler` for the shared arguments.
+    [`Sampler`][ccexp.sampling.base.Sampler] for the shared arguments.
 
     Args:
         alpha: the exponent α in [0, 1].

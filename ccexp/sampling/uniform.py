@@ -1,9 +1,9 @@
-"""``uniform``: cluster-balanced sampling (SAMPLING.md, "uniform"; ClusterClip paper Fig. 1, middle).
+"""``uniform``: cluster-balanced sampling (ClusterClip paper, arXiv 2402.14526, Fig. 1, middle).
 
 Two levels, both *passes over pseudo-random permutations* so that no state is O(N):
 
 * **Clusters.** The cluster stream is a sequence of *rounds*; a round is a fresh ordering of the
-  clusters active when it starts (keyed by ``(seed, round)``, see :mod:`ccexp.sampling.permutation`). Every round visits each active
+  clusters active when it starts (keyed by ``(seed, round)``, see `ccexp.sampling.permutation`). Every round visits each active
   cluster once, so cluster frequencies are ``1/K`` up to one round, independent of ``n_c``; with
   ``B = K`` each batch holds one document of every cluster, as in the paper's Figure 1.
 * **Documents.** The ``e``-th draw from cluster ``c`` (``e`` = its exposure so far) is position
@@ -14,10 +14,10 @@ Then ``P(x) = 1 / (K · n_c(x))`` and the expected repetitions of ``x`` after ``
 ``D / (K · n_c(x))``. State: blocks drawn, exposure[K], round index, position in the round and the round's
 active mask[K] — O(K).
 
-An optional :class:`~ccexp.sampling.clip.RepetitionClip` (ClusterClip's, also used by ``dynamic``)
+An optional [`RepetitionClip`][ccexp.sampling.clip.RepetitionClip] (ClusterClip's, also used by ``dynamic``)
 limits each cluster's draws; rounds then visit only the clusters with quota left.
 
-Both levels run in compiled kernels (:mod:`ccexp.sampling.kernels`): the rounds' cluster orders and
+Both levels run in compiled kernels (`ccexp.sampling.kernels`): the rounds' cluster orders and
 the documents of a block's draws, each draw continuing its cluster's pass incrementally.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ _PASS_STREAM = 0x50415353  # "PASS"
 
 
 class UniformSampler(Sampler):
-    """Uniform over clusters, then uniform within the cluster. See :class:`Sampler` for args;
+    """Uniform over clusters, then uniform within the cluster. See [`Sampler`][ccexp.sampling.base.Sampler] for args;
     ``clip`` (used by the policies built on this one) limits each cluster's draws."""
 
     name = "uniform"
@@ -98,7 +98,7 @@ class UniformSampler(Sampler):
 
         Returns:
             ``clusters`` int64[c], a view of a buffer the next call overwrites; ``c = count``, or fewer
-            when the pool runs out and the policy :meth:`_stops_when_exhausted`. ``self._exposure`` is
+            when the pool runs out and the policy [`_stops_when_exhausted`][ccexp.sampling.uniform.UniformSampler._stops_when_exhausted]. ``self._exposure`` is
             advanced; the t-th draw of cluster c here is its draw number (exposure before the call) + t.
         """
         if self._clusters_buffer.size < count:
@@ -151,7 +151,7 @@ class UniformSampler(Sampler):
             self._round_mask = self.sizes > 0
 
     def _round_documents(self, count: int) -> np.ndarray:
-        """int64[c] documents of the next ``count`` draws of the round stream (:meth:`_next_clusters`)."""
+        """int64[c] documents of the next ``count`` draws of the round stream ([`_next_clusters`][ccexp.sampling.uniform.UniformSampler._next_clusters])."""
         before = self._exposure.copy()
         clusters = self._next_clusters(count)
         docs = np.empty(clusters.size, np.int64)
@@ -161,11 +161,11 @@ class UniformSampler(Sampler):
     def _iid_documents(self, rng: np.random.Generator, weights: np.ndarray, count: int) -> np.ndarray:
         """int64[c] documents of ``count`` i.i.d. cluster draws with probability proportional to
         ``weights`` (float[K]), never more than a cluster's quota (``c < count`` as in
-        :meth:`_next_clusters`); ``self._exposure`` is advanced.
+        [`_next_clusters`][ccexp.sampling.uniform.UniformSampler._next_clusters]); ``self._exposure`` is advanced.
 
         The draws are counted per cluster (``rng.multinomial``), laid out by cluster — cluster c's
         draw numbers ``e_c, e_c + 1, …`` in turn — and put in the order ``rng.permutation`` gives
-        (:func:`~ccexp.sampling.kernels.shuffle_like_numpy` replays it on the documents themselves).
+        ([`shuffle_like_numpy`][ccexp.sampling.kernels.shuffle_like_numpy] replays it on the documents themselves).
         ``rng`` is used up."""
         counts = np.zeros(self.num_clusters, dtype=np.int64)
         need = count

@@ -1,5 +1,4 @@
-"""``unimax``: a uniform budget over clusters with a per-document repetition cap (SAMPLING.md,
-"unimax"; Chung et al. 2023, "UniMax: Fairer and More Effective Language Sampling for Large-Scale
+"""``unimax``: a uniform budget over clusters with a per-document repetition cap (Chung et al. 2023, "UniMax: Fairer and More Effective Language Sampling for Large-Scale
 Multilingual Pretraining", ICLR, Algorithm 1).
 
 Algorithm 1 in tokens: with a budget of ``D`` tokens (the run's ``steps · tokens_per_step``) and a cap
@@ -46,7 +45,7 @@ def unimax_allocation(cluster_tokens: np.ndarray, budget: float, max_epochs: flo
 
 
 class UniMaxSampler(UniformSampler):
-    """UniMax over clusters; see the module docstring and :class:`~ccexp.sampling.base.Sampler`.
+    """UniMax over clusters; see the module docstring and [`Sampler`][ccexp.sampling.base.Sampler].
 
     Args:
         max_epochs: the cap E >= 1 (whole epochs: a document is drawn at most E times).

@@ -3,13 +3,13 @@ identical token stream as an earlier one.
 
 Two jobs are duplicates when their configs agree outside the sampler (the same corpus, clustering,
 model, seeds, budget and evaluation) and the sampler's model-free stream plan
-(:func:`ccexp.plan.stream_plan`, the same :class:`~ccexp.data.packing.TokenStream` as training) has the
+([`ccexp.plan.stream_plan`][ccexp.plan.stream_plan], the same [`TokenStream`][ccexp.data.packing.TokenStream] as training) has the
 same digest: they would train the same model on the same tokens. ClusterClip whose clip never binds
 at the budget is the common case: its stream is uniform's. A policy that follows the training loss
 (``needs_feedback``: ODM, DoReMi) cannot be planned and is never called a duplicate.
 
-:func:`find_duplicates` is called by the sweep callback when the multirun starts
-(:class:`~ccexp.tracking.sweep.MlflowSweepCallback`); it writes ``duplicates.json`` into the sweep
+[`find_duplicates`][ccexp.tracking.arms.find_duplicates] is called by the sweep callback when the multirun starts
+([`MlflowSweepCallback`][ccexp.tracking.sweep.MlflowSweepCallback]); it writes ``duplicates.json`` into the sweep
 folder, and a job listed there is skipped (``report.skip_duplicates``) by the entry point.
 """
 from __future__ import annotations

@@ -6,16 +6,16 @@ The sweep's side. hydra-submitit-launcher waits for each job's result file, so a
 one — cancelled (``scancel``), stopped at its time limit, on a node that failed, out of memory — raises
 in the sweep, which then ends without its summary and report; and where Slurm keeps no accounting
 (``sacct`` does not answer, as on ``scripts/slurm_local.sh``'s cluster) such a job is never seen to end.
-:class:`EveryJobEnds` (the launchers of ``hydra_plugins/ccexp_launcher``) follows the Slurm jobs with
+[`EveryJobEnds`][ccexp.tracking.launcher.EveryJobEnds] (the launchers of ``hydra_plugins/ccexp_launcher``) follows the Slurm jobs with
 ``squeue`` instead — a requeued job is waited for, and said to be —, gives every job a result, and
-records the end of a job that left no status of its own (:func:`record_end`: ``status.json`` KILLED
+records the end of a job that left no status of its own ([`record_end`][ccexp.tracking.launcher.record_end]: ``status.json`` KILLED
 for a cancelled or timed-out job, FAILED otherwise, with its Slurm state and log), so the sweep's
-callback (:mod:`ccexp.tracking.sweep`) summarises, reports and closes the parent run as for any sweep.
+callback ([`ccexp.tracking.sweep`][ccexp.tracking.sweep]) summarises, reports and closes the parent run as for any sweep.
 
 The job's side. In a job of these launchers ccexp's entry point is called by submitit, not by
-:func:`ccexp.__main__.cli`: :func:`catch_signals` makes SIGTERM and SIGINT stop the run with
-:class:`~ccexp.errors.Interrupted` (submitit would ignore SIGTERM until Slurm's SIGKILL), and
-:func:`end_job` ends a stopped job: one ``ccexp:`` line, the signal handed on to submitit where it
+[`ccexp.__main__.cli`][ccexp.__main__.cli]: [`catch_signals`][ccexp.tracking.launcher.catch_signals] makes SIGTERM and SIGINT stop the run with
+[`Interrupted`][ccexp.errors.Interrupted] (submitit would ignore SIGTERM until Slurm's SIGKILL), and
+[`end_job`][ccexp.tracking.launcher.end_job] ends a stopped job: one ``ccexp:`` line, the signal handed on to submitit where it
 listened for it (SIGUSR2: it requeues the job) and exit status ``128 + signal`` without a result file,
 so the sweep waits for the requeued job, or sees in Slurm how the job ended.
 """
@@ -42,7 +42,7 @@ GONE = "ENDED"  # no longer known to squeue (Slurm forgets a job MinJobAge secon
 
 def squeue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
     """Each job's Slurm state (``PENDING``, ``RUNNING``, ``CANCELLED``, ...; array tasks one by one), or
-    :data:`GONE` for a job squeue no longer knows; None when squeue does not answer."""
+    [`GONE`][ccexp.tracking.launcher.GONE] for a job squeue no longer knows; None when squeue does not answer."""
     try:
         proc = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--format=%i %T",
                                "--jobs=" + ",".join(job_ids)], capture_output=True, text=True, timeout=60)
@@ -149,7 +149,7 @@ def submit(executor, function, params: list[tuple]) -> list:
 
 
 class EveryJobEnds:
-    """hydra-submitit-launcher's ``launch`` (1.2), waiting for every job's end with :func:`wait_for_jobs`
+    """hydra-submitit-launcher's ``launch`` (1.2), waiting for every job's end with [`wait_for_jobs`][ccexp.tracking.launcher.wait_for_jobs]
     and returning a result for every job (see the module docstring); mixed into its launchers by
     ``hydra_plugins/ccexp_launcher``."""
 
@@ -185,7 +185,7 @@ class EveryJobEnds:
 
     def _job_return(self, job, overrides: list[str], state: str):
         """The job's own result; for a job without one (or whose entry point raised), its end recorded
-        (:func:`record_end`) and a result Hydra's sweeper accepts, so the sweep goes on to its end."""
+        ([`record_end`][ccexp.tracking.launcher.record_end]) and a result Hydra's sweeper accepts, so the sweep goes on to its end."""
         from hydra.core.utils import JobReturn, JobStatus
 
         why = ""
@@ -214,7 +214,7 @@ def in_launcher_job() -> bool:
 
 
 def catch_signals() -> None:
-    """SIGTERM and SIGINT raise :class:`~ccexp.errors.Interrupted`, as under the command line (training
+    """SIGTERM and SIGINT raise [`Interrupted`][ccexp.errors.Interrupted], as under the command line (training
     replaces them to stop at the end of a step); submitit's SIGUSR2 handler stays."""
     import signal
 
@@ -225,7 +225,7 @@ def catch_signals() -> None:
 
 
 def end_job(stop) -> None:
-    """End a job stopped by a signal (``stop``, an :class:`~ccexp.errors.Interrupted`, its status already
+    """End a job stopped by a signal (``stop``, an [`Interrupted`][ccexp.errors.Interrupted], its status already
     written): its one line, the signal handed on to its listener (submitit requeues the job and exits),
     then exit ``128 + signal`` — no result file, so the sweep waits for a requeued job.
 

@@ -1,11 +1,11 @@
-"""MLflow tracking, owned by one :class:`RunRecord`: on a SQLite store (never the deprecated file store) or
+"""MLflow tracking, owned by one [`RunRecord`][ccexp.tracking.mlflow_run.RunRecord]: on a SQLite store (never the deprecated file store) or
 a team's tracking server.
 
 The store is, as MLflow's own clients decide it, ``logger.tracking_uri`` when set, else
 ``MLFLOW_TRACKING_URI``, else ``<outputs>/mlflow.db`` with artifacts in ``<outputs>/mlartifacts``, both
 absolute, so runs launched from any folder land in one place and compare in one UI
 (``mlflow ui --backend-store-uri sqlite:///<outputs>/mlflow.db``). On a server the run writes through
-:class:`ccexp.tracking.server.FallbackClient`, so a server that goes away never stops it.
+[`ccexp.tracking.server.FallbackClient`][ccexp.tracking.server.FallbackClient], so a server that goes away never stops it.
 """
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ PARENT_ENV = "CCEXP_PARENT_RUN_ID"  # set by a sweep's parent run (ccexp.trackin
 
 
 def tracking_uri(uri: str | None, outputs: Path) -> str:
-    """The run's tracking URI (:func:`run_store`)."""
+    """The run's tracking URI ([`run_store`][ccexp.tracking.mlflow_run.run_store])."""
     return run_store(uri, outputs).uri
 
 
 def run_store(uri: str | None, outputs: Path):
     """The store of a run or sweep with ``logger.tracking_uri=uri``: that URI when set, else
     ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<outputs>/mlflow.db``; a relative sqlite path is made
-    absolute. A :class:`ccexp.tracking.server.Store` (its URI and where it came from)."""
+    absolute. A [`ccexp.tracking.server.Store`][ccexp.tracking.store.Store] (its URI and where it came from)."""
     from ccexp.tracking.store import resolve_store
 
     return resolve_store(uri, f"sqlite:///{(outputs / 'mlflow.db').resolve()}")
@@ -43,8 +43,8 @@ def check_store(logger_cfg, outputs: Path) -> None:
     rank 0 of a torchrun/srun launch, which alone records the run.
 
     Raises:
-        CcexpError: for a server that does not answer (:func:`ccexp.tracking.server.check_server`), or a
-            SQLite store that cannot be read (:func:`ccexp.tracking.store.check_sqlite`).
+        CcexpError: for a server that does not answer ([`ccexp.tracking.server.check_server`][ccexp.tracking.store.check_server]), or a
+            SQLite store that cannot be read ([`ccexp.tracking.store.check_sqlite`][ccexp.tracking.store.check_sqlite]).
     """
     from ccexp.embedding.shards import launch_rank
 
@@ -255,8 +255,8 @@ class RunRecord:
         return [x for x in (self.logger, *self._extra) if x is not None]
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log metrics (names made MLflow-safe by :func:`metric_keys`) at ``step`` to every logger, each
-        fraction to 6 significant digits (:func:`shown`)."""
+        """Log metrics (names made MLflow-safe by [`metric_keys`][ccexp.names.metric_keys]) at ``step`` to every logger, each
+        fraction to 6 significant digits ([`shown`][ccexp.tracking.mlflow_run.shown])."""
         for logger in self.loggers:
             logger.log_metrics({k: shown(v) for k, v in metric_keys(metrics).items()}, step=step)
 

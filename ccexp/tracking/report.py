@@ -2,7 +2,7 @@
 
 Reads the runs of a sweep (the children of an MLflow parent run; by default the latest sweep) or of
 a whole experiment from the MLflow store, groups them by sampler and leads with the **verdict**
-(:mod:`ccexp.tracking.verdict`): against a baseline sampler (``--baseline``, default ``random`` when
+([`ccexp.tracking.verdict`][ccexp.tracking.verdict]): against a baseline sampler (``--baseline``, default ``random`` when
 present), every other sampler's *paired* difference on each headline metric, run by run with the
 same seed, with its 95 % confidence interval (Student's t over the pairs) and the word it earns —
 better, worse or unresolved — then signal and noise, the seeds a decision needs, and the command
@@ -195,7 +195,7 @@ class Comparison:
         return f"{d['mean']:+.4g}{ci}{' *' if d['significant'] else ''} (n={d['n']})"
 
     def verdict(self):
-        """(rows, extension command): :func:`ccexp.tracking.verdict.verdict_rows` and, for a sweep whose
+        """(rows, extension command): [`ccexp.tracking.verdict.verdict_rows`][ccexp.tracking.verdict.verdict_rows] and, for a sweep whose
         primary metric needs more seeds, the command that adds them."""
         from ccexp.tracking.verdict import extend_command, seeds_wanted, verdict_rows
 
@@ -517,7 +517,7 @@ def _plot(path: Path, comparison: "Comparison", metrics: list[str]) -> None:
 
 
 def store_uri(store: str | None, tracking_uri: str | None = None) -> str:
-    """The MLflow tracking URI a viewer reads (:func:`cli_store`)."""
+    """The MLflow tracking URI a viewer reads ([`cli_store`][ccexp.tracking.report.cli_store])."""
     return cli_store(store, tracking_uri).uri
 
 
@@ -525,7 +525,7 @@ def cli_store(store: str | None, tracking_uri: str | None = None):
     """The store of ``ccexp.report`` and ``ccexp.ui``, as MLflow's clients decide it: ``--tracking-uri``, else
     the SQLite file ``--store``, else ``MLFLOW_TRACKING_URI``, else ``outputs/mlflow.db``. A SQLite store must
     be a file that exists (MLflow would make any other path, an empty file too, into a new store). A
-    :class:`ccexp.tracking.store.Store`.
+    [`ccexp.tracking.store.Store`][ccexp.tracking.store.Store].
 
     Raises:
         CcexpError: when there is no such store file.
@@ -557,7 +557,9 @@ def cli_store(store: str | None, tracking_uri: str | None = None):
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ccexp.report", description=__doc__,
+    from ccexp.help import plain
+
+    ap = argparse.ArgumentParser(prog="python -m ccexp.report", description=plain(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", default=None,
                     help="SQLite MLflow store (default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")

@@ -1,14 +1,14 @@
 """Runs on a team's MLflow tracking server that outlive the server going away.
 
-Every write of a run goes through :class:`FallbackClient`. MLflow itself retries a call that fails
+Every write of a run goes through [`FallbackClient`][ccexp.tracking.server.FallbackClient]. MLflow itself retries a call that fails
 (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``_BACKOFF_FACTOR``, ``_TIMEOUT``: a 5xx or a timeout on one call
 costs a retry, nothing more). A call that still fails because the server cannot be reached
-(:func:`ccexp.tracking.store.unreachable`) sends the run to a local SQLite store (``<run folder>/mlflow-local``,
+([`ccexp.tracking.store.unreachable`][ccexp.tracking.store.unreachable]) sends the run to a local SQLite store (``<run folder>/mlflow-local``,
 one line saying so) and training goes on; a background thread asks the server every ``probe_every_s``
 seconds whether it is back, and the next write after it is delivers what the local store holds into the
 same server run (metrics with their steps and timestamps, params, tags, artifacts, the run's end) and goes
 back to the server. A run that ends while the server is still away says, in one line, where its data is
-and the command that delivers it later: ``python -m ccexp.deliver <store>`` (:func:`deliver_store`).
+and the command that delivers it later: ``python -m ccexp.deliver <store>`` ([`deliver_store`][ccexp.tracking.server.deliver_store]).
 MLflow has no mechanism of its own for this (its ``migrate-filestore`` only turns a file store into
 SQLite, and the export-import tools copy a run into a *new* run), so the local store records, per run,
 the server and the run it stands for.
@@ -35,7 +35,7 @@ LOCAL_STORE = "mlflow-local"  # the fallback store's folder, in the run (or swee
 
 def start_run(client, experiment: str, name: str, tags: dict[str, str], artifact_location, local: bool) -> str:
     """A new run ``name`` of ``experiment`` (created if missing) with ``tags``; its id. Through a
-    :class:`ccexp.tracking.server.FallbackClient` on a server (so a server away makes a local run)."""
+    [`ccexp.tracking.server.FallbackClient`][ccexp.tracking.server.FallbackClient] on a server (so a server away makes a local run)."""
     if isinstance(client, FallbackClient):
         return client.create_run(experiment, name, tags, None if artifact_location is None else
                                  str(artifact_location))
@@ -44,7 +44,7 @@ def start_run(client, experiment: str, name: str, tags: dict[str, str], artifact
 
 
 def client_for(store: Store, local_dir: Path, probe_every_s: float = 30.0):
-    """The client a run writes through: a :class:`FallbackClient` for a server, MLflow's own client for a
+    """The client a run writes through: a [`FallbackClient`][ccexp.tracking.server.FallbackClient] for a server, MLflow's own client for a
     local store (which cannot go away)."""
     if store.is_server:
         return FallbackClient(store.uri, local_dir, probe_every_s)
@@ -54,12 +54,12 @@ def client_for(store: Store, local_dir: Path, probe_every_s: float = 30.0):
 class FallbackClient:
     """MLflow's client on a tracking server, whose writes never stop the run.
 
-    Reads go to the server. A write that fails because the server cannot be reached (:func:`unreachable`,
+    Reads go to the server. A write that fails because the server cannot be reached ([`unreachable`][ccexp.tracking.store.unreachable],
     after MLflow's own retries) and every write after it go to the local SQLite store in ``local_dir``,
     into a run there that records which server run it stands for; a background thread asks the server
     every ``probe_every_s`` seconds whether it answers again, and the next write after it does delivers
-    the local run into the server run (:func:`deliver_run`) and goes back to the server. A run created
-    while the server is away is created on the server when it is delivered. :meth:`close` tries once
+    the local run into the server run ([`deliver_run`][ccexp.tracking.server.deliver_run]) and goes back to the server. A run created
+    while the server is away is created on the server when it is delivered. [`close`][ccexp.tracking.server.FallbackClient.close] tries once
     more, and says in one line what is still in the local store and how to deliver it.
 
     Args:

@@ -2,15 +2,15 @@
 
 **Which store.** As MLflow's own clients decide it: an explicit setting (``logger.tracking_uri``, or
 ``--tracking-uri`` / ``--store`` of ``ccexp.report`` and ``ccexp.ui``) wins, then ``MLFLOW_TRACKING_URI``,
-then ccexp's default, the SQLite store ``<paths.outputs>/mlflow.db`` (:func:`resolve_store`). Every
-command says which in its first lines (:meth:`Store.line`).
+then ccexp's default, the SQLite store ``<paths.outputs>/mlflow.db`` ([`resolve_store`][ccexp.tracking.store.resolve_store]). Every
+command says which in its first lines ([`Store.line`][ccexp.tracking.store.Store.line]).
 
 **Checked first.** A tracking server (an ``http(s)://`` URI) is asked for one experiment before any stage
-runs (:func:`check_server`): one that does not answer, refuses the credentials or is not an MLflow server
-is one line, exit 2. :func:`unreachable` tells an error that says the server cannot be reached from any
+runs ([`check_server`][ccexp.tracking.store.check_server]): one that does not answer, refuses the credentials or is not an MLflow server
+is one line, exit 2. [`unreachable`][ccexp.tracking.store.unreachable] tells an error that says the server cannot be reached from any
 other.
 
-A SQLite store is created under a file lock (:func:`open_store`); :func:`ensure_experiment` makes the
+A SQLite store is created under a file lock ([`open_store`][ccexp.tracking.store.open_store]); [`ensure_experiment`][ccexp.tracking.store.ensure_experiment] makes the
 experiment a run goes to.
 """
 from __future__ import annotations
@@ -162,7 +162,7 @@ def open_store(uri: str):
     call could not finish creating (a full disk) is removed, so none is left half-created; one left
     half-created earlier (its schema migration cut short) is set aside and created anew when it is shown
     to hold no run (a readable file without runs), or named in one line when it holds runs or cannot be
-    read (a damaged file: :func:`damaged_line`), and left untouched.
+    read (a damaged file: [`damaged_line`][ccexp.tracking.store.damaged_line]), and left untouched.
 
     Raises:
         CcexpError: for a full disk, or a store that cannot be opened and holds runs or may hold them.
@@ -248,11 +248,11 @@ def damaged_line(db: Path, why: str, runs: int | None, instead: str = "set logge
 
 def check_sqlite(db: Path, write: bool = False, instead: str = "set logger.tracking_uri to a new store") -> None:
     """Refuse, before any stage, a SQLite store file that cannot be read (a store left half-created is
-    readable, and set aside later by :func:`open_store` when it holds no run), and with ``write`` one a run
+    readable, and set aside later by [`open_store`][ccexp.tracking.store.open_store] when it holds no run), and with ``write`` one a run
     could not write to (a read-only or immutable file, or a folder where SQLite cannot put its journal).
 
     Raises:
-        CcexpError: for a damaged file (:func:`damaged_line`) or one that cannot be written.
+        CcexpError: for a damaged file ([`damaged_line`][ccexp.tracking.store.damaged_line]) or one that cannot be written.
     """
     if db.is_file() and db.stat().st_size:
         runs, why = _runs_in(db)
@@ -280,7 +280,7 @@ def read_store(uri: str):
     created, migrated or set aside.
 
     Raises:
-        CcexpError: for a SQLite store that cannot be opened (:func:`damaged_line`).
+        CcexpError: for a SQLite store that cannot be opened ([`damaged_line`][ccexp.tracking.store.damaged_line]).
     """
     from mlflow import MlflowClient
 

@@ -2,24 +2,24 @@
 is always closed, duplicate arms skipped before training, a comparison report with its verdict, and
 a summary of the jobs that did not finish.
 
-:class:`MlflowSweepCallback` is a Hydra callback (``hydra.callbacks`` in ``ccexp/conf/config.yaml``).
+[`MlflowSweepCallback`][ccexp.tracking.sweep.MlflowSweepCallback] is a Hydra callback (``hydra.callbacks`` in ``ccexp/conf/config.yaml``).
 When a multirun starts it refuses, in one line and before any job, a Lightning strategy that would
 re-launch the script (the children would re-run the whole sweep); then it plans every job's token
 stream and records the jobs that would train on the identical stream as an earlier job
-(:mod:`ccexp.tracking.arms`; the entry point skips them), and creates one MLflow run for the sweep —
+([`ccexp.tracking.arms`][ccexp.tracking.arms]; the entry point skips them), and creates one MLflow run for the sweep —
 or reopens the one recorded in the folder's ``sweep.json`` when the sweep is launched again into the
 same ``hydra.sweep.dir`` — exporting its id as ``CCEXP_PARENT_RUN_ID``; every job's run carries the
 ``mlflow.parentRunId`` tag, which the MLflow UI uses to nest the jobs under the sweep.
 
-Every job writes ``status.json`` into its folder (:func:`write_job_status`), with its overrides:
+Every job writes ``status.json`` into its folder ([`write_job_status`][ccexp.tracking.sweep.write_job_status]), with its overrides:
 FINISHED, SKIPPED (a duplicate arm), or FAILED / KILLED with its one error line — a failing job does
 not stop the sweep (the entry point turns its error into a status instead of an exception). Job
 folders are named by what sets the job apart (``<sampler>-s<seed>-<hash of its overrides>``), so a
 job launched again into the same sweep folder finds its own: a FINISHED job is kept, not retrained
-(:func:`finished_before`), a failed one runs again. When the multirun ends the callback reads the job
+([`finished_before`][ccexp.tracking.sweep.finished_before]), a failed one runs again. When the multirun ends the callback reads the job
 folders, writes the comparison report of the finished jobs into the sweep folder (logged on the
 parent), prints its verdict, closes the parent FINISHED or FAILED, and leaves the failures in
-:data:`LAST_SWEEP_FAILURES` for the entry point to print and exit non-zero. The status files work
+[`LAST_SWEEP_FAILURES`][ccexp.tracking.sweep.LAST_SWEEP_FAILURES] for the entry point to print and exit non-zero. The status files work
 for any launcher (in-process, joblib, Slurm), since they live on the file system.
 """
 from __future__ import annotations
@@ -153,7 +153,7 @@ class MlflowSweepCallback(Callback):
         """(tracking URI, its client, the id of the sweep's MLflow parent run): the run ``<sweep_dir>/sweep.json``
         names when this sweep folder was launched before into the same store (reopened: the sweep is being
         extended or resumed), else a new one, recorded there. The store is the jobs' own
-        (:func:`ccexp.tracking.mlflow_run.run_store`), so the parent and its children are in one place; on a
+        ([`ccexp.tracking.mlflow_run.run_store`][ccexp.tracking.mlflow_run.run_store]), so the parent and its children are in one place; on a
         tracking server the parent writes through a FallbackClient (its local store: ``<sweep_dir>/mlflow-local``)."""
         from ccexp.tracking.mlflow_run import ensure_experiment, run_store
         from ccexp.tracking.server import LOCAL_STORE, client_for, start_run

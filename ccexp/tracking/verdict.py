@@ -2,9 +2,9 @@
 against the baseline (the paired difference and its 95 % confidence interval), the signal and noise
 of each metric, how many seeds would decide it, and the command that adds them to the same sweep.
 
-:func:`verdict_rows` computes it from a :class:`~ccexp.tracking.report.Comparison`;
-:func:`verdict_markdown` is the report's first section and :func:`verdict_lines` the few lines a sweep
-prints when it ends. The statistics are :mod:`ccexp.tracking.stats`.
+[`verdict_rows`][ccexp.tracking.verdict.verdict_rows] computes it from a `Comparison`;
+[`verdict_markdown`][ccexp.tracking.verdict.verdict_markdown] is the report's first section and [`verdict_lines`][ccexp.tracking.verdict.verdict_lines] the few lines a sweep
+prints when it ends. The statistics are [`ccexp.tracking.stats`][ccexp.tracking.stats].
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def verdict_metrics(metrics: list[str]) -> list[str]:
 
 
 def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> list[Row]:
-    """Every (metric, sampler) of :func:`verdict_metrics` with a paired difference against the baseline."""
+    """Every (metric, sampler) of [`verdict_metrics`][ccexp.tracking.verdict.verdict_metrics] with a paired difference against the baseline."""
     rows = []
     for m in verdict_metrics(comparison.metrics):
         for g, d in comparison.paired.get(m, {}).items():

@@ -92,7 +92,7 @@ class HeldoutCurve(Callback):
         tokens, offsets: the tokenized corpus.
         docs: int64[n] corpus indices of the sample; clusters: int64[n] their clusters (of K).
         labels: label name -> n values (e.g. ``domain``), for per-label perplexity.
-        score_args: keyword arguments of :func:`ccexp.evaluation.perplexity.document_nll` (``eos_id``,
+        score_args: keyword arguments of [`ccexp.evaluation.perplexity.document_nll`][ccexp.evaluation.perplexity.document_nll] (``eos_id``,
             ``pad_id``, ``max_tokens``, ``batch_size``); min_cluster_docs: for ``ppl_worst``.
     """
 
@@ -143,7 +143,7 @@ class WeightAverage(Callback):
     (an exponential moving average whose time constant is ``span`` of the run); ``kind="tail"``: the
     uniform mean of the weights after each of the last ``ceil(span · steps)`` steps (SWA's average,
     Izmailov et al. 2018, over the tail of the run). The averaging is
-    :class:`torch.optim.swa_utils.AveragedModel` over the parameters (not the buffers); its state is
+    `torch.optim.swa_utils.AveragedModel` over the parameters (not the buffers); its state is
     saved in checkpoints, so a resumed run averages exactly as an uninterrupted one.
 
     Args:
@@ -192,7 +192,7 @@ class WeightAverage(Callback):
 
 
 class StoppedByCallback(BaseException):
-    """Raised by :class:`StopAtStepEnd` out of ``trainer.fit`` once the checkpoint of an early stop is saved
+    """Raised by [`StopAtStepEnd`][ccexp.training.callbacks.StopAtStepEnd] out of ``trainer.fit`` once the checkpoint of an early stop is saved
     (the runner catches it): letting Lightning end the epoch instead would save ``last.ckpt`` again with a
     finished loop, from which no resume continues."""
 
@@ -200,10 +200,10 @@ class StoppedByCallback(BaseException):
 class StopAtStepEnd(Callback):
     """Let a callback that stops training (``trainer.should_stop``: Lightning's Timer, EarlyStopping) stop only
     at the end of an optimizer step, never mid-accumulation, and — when that is before ``steps`` — save the full
-    state to ``path`` right there, mid-epoch (as :class:`StopOnSignal` does), then leave ``fit`` by
-    :class:`StoppedByCallback`, so that a resume continues on exactly the tokens of an uninterrupted run.
-    Remembers which callback asked (:attr:`by`) and the step (:attr:`stopped_at`). Put it after the callbacks
-    it watches. A run that reaches ``steps`` ends with its final state in ``path`` (:meth:`on_train_end`)."""
+    state to ``path`` right there, mid-epoch (as [`StopOnSignal`][ccexp.training.callbacks.StopOnSignal] does), then leave ``fit`` by
+    [`StoppedByCallback`][ccexp.training.callbacks.StoppedByCallback], so that a resume continues on exactly the tokens of an uninterrupted run.
+    Remembers which callback asked (`by`) and the step (`stopped_at`). Put it after the callbacks
+    it watches. A run that reaches ``steps`` ends with its final state in ``path`` ([`on_train_end`][ccexp.training.callbacks.StopAtStepEnd.on_train_end])."""
 
     def __init__(self, path: Path, steps: int):
         self.path, self.steps = Path(path), int(steps)
@@ -239,9 +239,9 @@ class StopAtStepEnd(Callback):
 
 
 class LaunchTimer(Timer):
-    """Lightning's :class:`~lightning.pytorch.callbacks.Timer` whose budget is per *launch*: a resumed run gets
+    """Lightning's `Timer` whose budget is per *launch*: a resumed run gets
     the whole ``duration`` again (Lightning restores the elapsed time from the checkpoint, so a run the timer
-    stopped could never continue). Marks itself when it stops training (:class:`StopAtStepEnd` names it)."""
+    stopped could never continue). Marks itself when it stops training ([`StopAtStepEnd`][ccexp.training.callbacks.StopAtStepEnd] names it)."""
 
     _ccexp_stopped = False
 
@@ -259,13 +259,13 @@ class StopOnSignal(Callback):
     """Stop on SIGTERM (Slurm, Kubernetes) or SIGINT (Ctrl-C) at the end of the current optimizer step,
     never mid-accumulation: the signal only sets a flag; at the step's last micro-batch the ranks agree
     (all-reduce), a checkpoint is saved to ``path`` (mid-epoch, so it resumes like any step
-    checkpoint) and :class:`~ccexp.errors.Interrupted` is raised, naming the checkpoint. A second
-    Ctrl-C stops at once, also with :class:`~ccexp.errors.Interrupted` — never a ``KeyboardInterrupt``,
+    checkpoint) and [`Interrupted`][ccexp.errors.Interrupted] is raised, naming the checkpoint. A second
+    Ctrl-C stops at once, also with [`Interrupted`][ccexp.errors.Interrupted] — never a ``KeyboardInterrupt``,
     on which Lightning would exit with status 1 — naming the newest checkpoint there is (checkpoints
     are written atomically, so the one being written when it came is either whole or absent). A signal
-    of :data:`PASSED_ON` that someone listens for when training starts — SIGUSR2, which submitit
+    of [`PASSED_ON`][ccexp.training.callbacks.StopOnSignal.PASSED_ON] that someone listens for when training starts — SIGUSR2, which submitit
     (``hydra/launcher=slurm``) has Slurm send ``signal_delay_s`` before the job's time limit — stops
-    training the same way, and :class:`~ccexp.errors.Interrupted` carries that listener (``pass_on``) for
+    training the same way, and [`Interrupted`][ccexp.errors.Interrupted] carries that listener (``pass_on``) for
     the entry point to call once the run is closed: submitit then requeues the job, which continues
     from the checkpoint. The previous handlers come back when training ends."""
 
@@ -379,7 +379,7 @@ class RepeatFirstBatch(Callback):
     """``debug=overfit``: every micro-batch trains on the first micro-batch's tokens (copied into it in place
     before the training step; its step and micro-batch counters stay its own), so the training loss shows
     whether the model can fit one batch. The stream still draws its documents; only what is trained changes.
-    The repeated micro-batch is part of the checkpoint (:meth:`state_dict`), so a resumed run repeats the same
+    The repeated micro-batch is part of the checkpoint ([`state_dict`][ccexp.training.callbacks.RepeatFirstBatch.state_dict]), so a resumed run repeats the same
     one, not the first micro-batch after the resume."""
 
     def __init__(self) -> None:

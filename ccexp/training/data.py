@@ -2,7 +2,7 @@
 
 Each item of the training "dataset" is one *micro-batch*: ``micro_batch_size`` rows of ``seq_len``
 tokens of this rank's share of one optimizer step of the global token stream
-(:class:`ccexp.data.packing.TokenStream`). Item ``i`` is micro-batch ``i mod A`` of step ``i div A``
+([`ccexp.data.packing.TokenStream`][ccexp.data.packing.TokenStream]). Item ``i`` is micro-batch ``i mod A`` of step ``i div A``
 (``A`` = gradient accumulation), and Lightning steps the optimizer every ``A`` items. The
 DataLoader runs in the main process (``num_workers=0``) so the policy's state, its ``observe()``
 feedback and its checkpointed ``state_dict()`` all live in one place.
@@ -66,7 +66,7 @@ class SamplerDataModule(L.LightningDataModule):
     Args:
         stream: the token stream over the sampler's documents.
         train_docs: int64[N_train] corpus index of each of the sampler's documents.
-        tokens, offsets: the tokenized corpus (see :func:`ccexp.data.tokenize.encode_corpus`).
+        tokens, offsets: the tokenized corpus (see [`ccexp.data.tokenize.encode_corpus`][ccexp.data.tokenize.encode_corpus]).
         total_steps: optimizer steps in the run.
         micro_batch_size: rows per forward pass per rank.
         grad_accumulation: micro-batches per optimizer step per rank.

@@ -10,7 +10,7 @@
   materialises their shards and broadcasts rank 0's values (``sync_module_states``) — not one full
   copy per GPU in host RAM.
 * **Sharded checkpoints** (``state_dict_type=sharded``): every rank writes its own shard.
-* **Evaluation after fit** on a sharded model: :func:`gather_full_model` collects a full state dict
+* **Evaluation after fit** on a sharded model: [`gather_full_model`][ccexp.training.distributed.gather_full_model] collects a full state dict
   on rank 0 (CPU, one copy) and rebuilds an unsharded model there for held-out scoring and lm-eval.
 
 Not yet run on a GPU (the CI machine has none): ``benches/gpu_check.py`` (docs/benchmarks.md, "On a

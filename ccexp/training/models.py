@@ -25,7 +25,7 @@ def hf_causal_lm(pretrained: str, dtype: str = "float32", gradient_checkpointing
 
     ``vocab_size`` and ``eos_id`` (from the tokenizer stage) are accepted for a uniform call and unused.
     ``empty``: build the architecture on the meta device without reading weights (FSDP ranks other
-    than 0, whose values are broadcast from rank 0: :mod:`ccexp.training.distributed`).
+    than 0, whose values are broadcast from rank 0: [`ccexp.training.distributed`][ccexp.training.distributed]).
 
     Raises:
         CcexpError: if the model is not available locally.

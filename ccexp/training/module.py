@@ -13,7 +13,7 @@ log = logging.getLogger("ccexp")
 
 
 class CausalLMModule(L.LightningModule):
-    """Train a causal LM on micro-batches of the global token stream (:mod:`ccexp.data.packing`).
+    """Train a causal LM on micro-batches of the global token stream ([`ccexp.data.packing`][ccexp.data.packing]).
 
     Logs ``train/loss`` (the optimizer step's token-mean loss over all micro-batches and ranks,
     nats) and ``train/tokens`` (targets trained so far, all ranks) each step, and keeps per-cluster
@@ -34,7 +34,7 @@ class CausalLMModule(L.LightningModule):
         sampler: the policy that orders the data (optional in tests).
         lr, weight_decay, betas: AdamW settings.
         warmup_steps, total_steps: linear warm-up then cosine decay to 10 % of ``lr``.
-        on_nonfinite: ``stop`` (a non-finite loss raises :class:`~ccexp.errors.CcexpError` naming the
+        on_nonfinite: ``stop`` (a non-finite loss raises [`CcexpError`][ccexp.errors.CcexpError] naming the
             step and the last good checkpoint) or ``skip_batch`` (that micro-batch is skipped and its
             tokens counted in ``skipped_tokens``); a non-finite gradient always stops.
         signature: the settings that define the run's stream and model, written into every

@@ -1,5 +1,5 @@
 """DoReMi's prior runs (Xie et al. 2023, Sec. 2), training steps the recipe calls before it builds a sampler
-that needs one (:func:`prior_options`): the *reference* run, whose per-cluster losses a DoReMi sampler with
+that needs one ([`prior_options`][ccexp.training.reference.prior_options]): the *reference* run, whose per-cluster losses a DoReMi sampler with
 ``sampler.reference_losses=auto`` reads, and the *proxy* run, a DoReMi run whose average weights
 ``sampler=mixture sampler.weights=doremi`` then trains on (DoReMi's two-step recipe in one command).
 Their outputs are kept in the stage cache like a preprocessing stage (``<cache>/reference/<fingerprint>``,
@@ -54,7 +54,7 @@ def reference_losses(cfg: DictConfig, stages, split: TrainSplit, tokenized: Toke
     so the run's own model starts the same whether the reference was computed or reused.
 
     Args:
-        stages: the run's :class:`ccexp.stages.Stages`, whose cache keeps the losses (``cached``) and
+        stages: the run's [`ccexp.stages.Stages`][ccexp.stages.Stages], whose cache keeps the losses (``cached``) and
             whose upstream fingerprints are in their key.
 
     Raises:
@@ -99,7 +99,7 @@ def side_fit(side: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, pr
              what: str, **options):
     """Train ``side``'s model on ``side``'s sampler (``options``: what that sampler's own prior run computed)
     into ``run_dir``, the global random state restored afterwards (the run's own model starts the same
-    whether the prior run was computed or reused); the :class:`~ccexp.training.runner.FitResult`."""
+    whether the prior run was computed or reused); the [`FitResult`][ccexp.training.runner.FitResult]."""
     import random
 
     import torch
@@ -123,7 +123,7 @@ def side_fit(side: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, pr
 
 def train_reference(cfg: DictConfig, steps: int, split: TrainSplit, tokenized: TokenizedCorpus,
                     pretrained: str | None, tmp: Path) -> dict:
-    """Train and score :func:`reference_losses`'s model into ``tmp``; its figures."""
+    """Train and score [`reference_losses`][ccexp.training.reference.reference_losses]'s model into ``tmp``; its figures."""
     from ccexp.config import RandomConfig
     from ccexp.evaluation.perplexity import document_nll
 
@@ -159,7 +159,7 @@ def proxy_weights(cfg: DictConfig, stages, split: TrainSplit, tokenized: Tokeniz
     """DoReMi's step 2 (Xie et al. 2023, Sec. 2 and Alg. 1): a proxy run of ``sampler.proxy_steps`` optimizer steps
     with ``sampler=dynamic rule=doremi`` (its default settings, its own reference run first) on the same
     documents, model and token budget per step; float64[K], its weights averaged over its updates, as token
-    shares (:meth:`ccexp.sampling.dynamic.DynamicSampler.average_weights`; with ``sampler.weight_unit=documents``
+    shares ([`ccexp.sampling.dynamic.DynamicSampler.average_weights`][ccexp.sampling.dynamic.DynamicSampler.average_weights]; with ``sampler.weight_unit=documents``
     its averaged draw probabilities), which ``sampler=mixture`` then trains on. Cached as ``<cache>/proxy/<fp>``.
 
     Raises:

@@ -1,8 +1,8 @@
 """The training components of a run, each from a builder named after what it builds, and the fit.
 
-:func:`build_sampler`, :func:`build_token_stream`, :func:`build_model`, :func:`build_trainer` turn the
-config and the run's typed artifacts into objects; :func:`fit` trains for ``train.steps`` optimizer
-steps of ``train.tokens_per_step`` tokens and returns a :class:`FitResult`.
+[`build_sampler`][ccexp.training.runner.build_sampler], [`build_token_stream`][ccexp.training.runner.build_token_stream], [`build_model`][ccexp.training.runner.build_model], [`build_trainer`][ccexp.training.runner.build_trainer] turn the
+config and the run's typed artifacts into objects; [`fit`][ccexp.training.runner.fit] trains for ``train.steps`` optimizer
+steps of ``train.tokens_per_step`` tokens and returns a [`FitResult`][ccexp.training.runner.FitResult].
 """
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ log = logging.getLogger("ccexp")
 
 def build_sampler(sampler: DictConfig, train: DictConfig, split: TrainSplit, tokenized: TokenizedCorpus, *,
                   sources: tuple | None = None, **options) -> Sampler:
-    """The ``sampler`` option over the training documents with ``train``'s token budget (:func:`sampler_over`);
-    ``sources`` (:func:`ccexp.data.sources.source_mix`: each corpus document's source id, the target token
+    """The ``sampler`` option over the training documents with ``train``'s token budget ([`sampler_over`][ccexp.training.runner.sampler_over]);
+    ``sources`` ([`ccexp.data.sources.source_mix`][ccexp.data.sources.source_mix]: each corpus document's source id, the target token
     shares, the names): the option runs inside each source and the sources are mixed at their shares
-    (:class:`~ccexp.sampling.sources.SourceMixture`); ``options`` (what a prior run computed,
-    :func:`ccexp.training.reference.prior_options`: DoReMi's reference losses, a proxy run's weights) replace
+    ([`SourceMixture`][ccexp.sampling.sources.SourceMixture]); ``options`` (what a prior run computed,
+    [`ccexp.training.reference.prior_options`][ccexp.training.reference.prior_options]: DoReMi's reference losses, a proxy run's weights) replace
     the config's values of the same names."""
     if sources is not None:
         sources = (sources[0][split.train_docs], *sources[1:])
@@ -103,7 +103,7 @@ def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCo
 
     Raises:
         CcexpError: when the budget is more than the sampler can supply, or ``train.passes`` derives more than
-            :data:`PASSES_STEP_LIMIT` steps without ``train.max_steps``.
+            [`PASSES_STEP_LIMIT`][ccexp.training.runner.PASSES_STEP_LIMIT] steps without ``train.max_steps``.
     """
     from ccexp.errors import CcexpError
 
@@ -145,7 +145,7 @@ def build_token_stream(train: DictConfig, sampler: Sampler, split: TrainSplit, t
 def build_model(model: DictConfig, trainer: DictConfig, tokenized: TokenizedCorpus, pretrained: str | None = None, *,
                 init_seed: int) -> torch.nn.Module:
     """The ``model`` option with the tokenizer's vocabulary and separator, initialised from ``init_seed``
-    (``pretrained``: the model's local source from :meth:`ccexp.stages.Stages.model`, e.g. the folder a
+    (``pretrained``: the model's local source from [`ccexp.stages.Stages.model`][ccexp.stages.Stages.model], e.g. the folder a
     GGUF file was converted into; under ``trainer``'s FSDP only rank 0 reads it)."""
     from ccexp.config import world_size
     from ccexp.training.distributed import global_rank, uses_fsdp
@@ -181,10 +181,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callback],
                   model: torch.nn.Module | None = None) -> L.Trainer:
     """``trainer._target_`` (Lightning's Trainer) with the run's steps, accumulation, checkpoints (written
-    atomically, :class:`AtomicCheckpointIO`) and callbacks; for ``strategy=fsdp`` the strategy built from
+    atomically, [`AtomicCheckpointIO`][ccexp.training.runner.AtomicCheckpointIO]) and callbacks; for ``strategy=fsdp`` the strategy built from
     ``trainer.fsdp`` around ``model`` (its sharded checkpoints are folders it writes itself). In a Slurm
     job Lightning's own requeueing is off (``SLURMEnvironment(auto_requeue=False)``): a stop on a signal
-    is ccexp's (:class:`~ccexp.training.callbacks.StopOnSignal`) and a requeue the launcher's (submitit)."""
+    is ccexp's ([`StopOnSignal`][ccexp.training.callbacks.StopOnSignal]) and a requeue the launcher's (submitit)."""
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     from ccexp.training.distributed import fsdp_strategy, uses_fsdp
@@ -249,7 +249,7 @@ class FitResult:
     checkpoint: str | None = None  # where the state of a run stopped early is saved, to resume from
 
     def raise_if_stopped_early(self, steps: int) -> None:
-        """Raise :class:`~ccexp.errors.StoppedEarly` when a callback stopped training before ``steps``.
+        """Raise [`StoppedEarly`][ccexp.errors.StoppedEarly] when a callback stopped training before ``steps``.
 
         Raises:
             StoppedEarly: naming the step reached and the checkpoint to resume from.
@@ -281,7 +281,7 @@ def label_groups(labels: dict[str, list[str]]) -> tuple[str | None, list[str], n
 
 def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: int) -> dict:
     """The settings that define a run's token stream and model: written into its checkpoints and
-    compared on resume (:func:`check_resume`). Steps, evaluation, logging and checkpointing may change."""
+    compared on resume ([`check_resume`][ccexp.training.runner.check_resume]). Steps, evaluation, logging and checkpointing may change."""
     import json
 
     from omegaconf import OmegaConf
@@ -402,7 +402,7 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
 
 def _stopped_early(trainer, boundary: StopAtStepEnd, reached: int, steps: int, spawned: bool) -> dict:
     """``{stopped_by, checkpoint}`` when training ended after ``reached`` < ``steps`` optimizer steps (the
-    checkpoint :class:`~ccexp.training.callbacks.StopAtStepEnd` saved), ``{}`` for a complete run; ``spawned``:
+    checkpoint [`StopAtStepEnd`][ccexp.training.callbacks.StopAtStepEnd] saved), ``{}`` for a complete run; ``spawned``:
     the ranks ran in child processes (their checkpoint is the state; this process has none to save)."""
     if reached >= steps:
         return {}

@@ -1,5 +1,5 @@
 """``hydra/launcher=slurm`` and ``hydra/launcher=local``: hydra-submitit-launcher's launchers whose sweep
-waits for every job's end, however it ends (:class:`ccexp.tracking.launcher.EveryJobEnds`)."""
+waits for every job's end, however it ends ([`ccexp.tracking.launcher.EveryJobEnds`][ccexp.tracking.launcher.EveryJobEnds])."""
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
 from ccexp.tracking.launcher import EveryJobEnds
