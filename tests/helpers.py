@@ -62,3 +62,32 @@ class StopAfterSteps:
                         trainer.should_stop = True
 
         return _Stop()
+
+
+def wandb_records(path):
+    """The records of a W&B run's transaction log (``run-<id>.wandb``, what ``wandb sync`` uploads), as
+    ``wandb_internal_pb2.Record``: a 7-byte header (``:W&B``, magic 0xBEE1, version 0), then LevelDB's log
+    format (32 KiB blocks of records: CRC32, length, type FULL/FIRST/MIDDLE/LAST, data)."""
+    import struct
+    import zlib
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B" and struct.unpack("<HB", data[4:7]) == (0xBEE1, 0), "not a W&B transaction log"
+    block, pos, pending = 32768, 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        if kind == 0 and length == 0:
+            break
+        assert zlib.crc32(bytes([kind]) + chunk) & 0xFFFFFFFF == crc, f"a damaged record at byte {pos}"
+        pos += 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL, LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record

@@ -116,11 +116,12 @@ def test_tensorboard_logs_beside_the_mlflow_run_and_the_profiler_reports_into_th
 @pytest.mark.slow  # two real runs: about 60 s on one core
 def test_wandb_logs_offline_beside_mlflow_one_wandb_run_per_sweep_job(tmp_path):
     """logger=wandb: no account, no network (offline mode); each job of a sweep is its own W&B run folder
-    under <outputs>/wandb/wandb/, holding the run's config, its final metrics (wandb-summary.json: the same
-    values as the MLflow run's), its training curves and its tables (in the run's transaction log)."""
+    under <outputs>/wandb/wandb/, whose transaction log (what `wandb sync` uploads, read record by record)
+    holds the run's config, its training and held-out curves and its final metrics (the same values as the
+    MLflow run's), and whose media hold the run's tables."""
     import json
 
-    import yaml
+    from helpers import wandb_records
 
     out = tmp_path / "out"
     env_free = {"WANDB_API_KEY": None, "WANDB_MODE": None}  # nothing of a real account may help
@@ -131,18 +132,26 @@ def test_wandb_logs_offline_beside_mlflow_one_wandb_run_per_sweep_job(tmp_path):
     assert len(folders) == 2, folders  # one per job: the first job's run was finished, not continued
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     runs = {r.data.tags["sampler"]: r for r in client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])
-            if "sampler" in r.data.tags and r.data.tags.get("mlflow.parentRunId")}
+            if r.data.tags.get("mlflow.parentRunId")}
     seen = set()
     for folder in folders:
-        config = yaml.safe_load((folder / "files" / "config.yaml").read_text())
-        sampler = config["sampler.name"]["value"]
+        config, history = {}, {}
+        for record in wandb_records(next(folder.glob("run-*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            if kind == "config":
+                config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+            elif kind == "history":
+                for item in record.history.item:
+                    history.setdefault(item.key or "/".join(item.nested_key), []).append(json.loads(item.value_json))
+        sampler = config["sampler.name"]["value"] if isinstance(config["sampler.name"], dict) else config["sampler.name"]
         seen.add(sampler)
-        summary = json.loads((folder / "files" / "wandb-summary.json").read_text())
-        mlflow_metrics = runs[sampler].data.metrics
-        for key in ("eval/ppl", "eval/ppl_macro", "train/loss", "sampler/active_clusters"):
-            assert summary[key] == pytest.approx(mlflow_metrics[key], rel=1e-6), key
-        log = next(folder.glob("run-*.wandb")).read_bytes()  # the history and tables, as wandb sync uploads them
-        assert b"curve/ppl" in log and b"tables/clusters" in log
+        metrics = runs[sampler].data.metrics
+        for key in ("eval/ppl", "eval/ppl_macro", "train/loss", "sampler/active_clusters", "curve/ppl"):
+            assert history[key][-1] == pytest.approx(metrics[key], rel=1e-6), key
+        assert len(history["train/loss"]) == 2 and len(history["curve/ppl"]) >= 2  # curves, not one point
+        (table,) = folder.glob("files/media/table/tables/clusters_*.table.json")
+        csv_rows = (Path(runs[sampler].data.tags["run_dir"]) / "tables" / "clusters.csv").read_text().splitlines()
+        assert len(json.loads(table.read_text())["data"]) == len(csv_rows) - 1  # every cluster's row
     assert seen == {"random", "uniform"}
 
 

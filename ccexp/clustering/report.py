@@ -148,12 +148,22 @@ def _write_markdown(path: Path, sizes: np.ndarray, summary: str, rows: list, cha
     path.write_text("\n".join(md) + "\n")
 
 
+# the stylesheet of every HTML page ccexp writes (this report, the comparison report): readable type, a table
+# with ruled cells and numbers to the right, images no wider than the page
+PAGE_STYLE = ("<style>body{font-family:sans-serif;max-width:1400px;margin:1em auto;padding:0 1em;line-height:1.4}"
+              "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:3px 6px;"
+              "font-size:13px;vertical-align:top}th{background:#f0f0f0;text-align:left}"
+              "td:not(:first-child){text-align:right}td.text{text-align:left}"
+              "ol{margin:0;padding-left:1.4em}img{max-width:100%}pre{background:#f4f4f4;padding:8px;"
+              "white-space:pre-wrap}</style>")
+
+
 def _write_html(path: Path, summary: str, rows: list) -> None:
     """Write ``clusters.html``: the metrics line, ``sizes.png`` and the table of [`_cluster_rows`][ccexp.clustering.report._cluster_rows]."""
-    cells = "".join(f"<tr><td>{c}</td><td>{n}</td><td>{html.escape(tag)}</td><td><ol>"
+    cells = "".join(f"<tr><td>{c}</td><td>{n}</td><td class='text'>{html.escape(tag)}</td><td class='text'><ol>"
                     + "".join(f"<li>{html.escape(s)}</li>" for s in samples) + "</ol></td></tr>"
                     for c, n, tag, samples in rows)
     path.write_text(
-        "<!doctype html><meta charset='utf-8'><title>ccexp clusters</title><h1>Clusters</h1>"
-        f"<p>{html.escape(summary)}</p><img src='sizes.png'><table border=1 cellpadding=4>"
+        f"<!doctype html><meta charset='utf-8'><title>ccexp clusters</title>{PAGE_STYLE}<h1>Clusters</h1>"
+        f"<p>{html.escape(summary)}</p><img src='sizes.png' alt='cluster sizes'><table>"
         f"<tr><th>cluster</th><th>size</th><th>majority label</th><th>nearest to centroid</th></tr>{cells}</table>")

@@ -251,11 +251,9 @@ class Comparison:
         import markdown
 
         body = markdown.markdown(self.markdown(), extensions=["tables", "fenced_code"])
-        return (f"<!doctype html><meta charset='utf-8'><title>{html.escape(self.title)}</title>"
-                "<style>body{font-family:sans-serif;max-width:1400px;margin:1em auto;padding:0 1em}"
-                "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:3px 6px;"
-                "font-size:13px}td:not(:first-child){text-align:right}pre{background:#f4f4f4;padding:8px;"
-                "white-space:pre-wrap}</style>" + body)
+        from ccexp.clustering.report import PAGE_STYLE
+
+        return f"<!doctype html><meta charset='utf-8'><title>{html.escape(self.title)}</title>{PAGE_STYLE}" + body
 
     def write_csv(self, out_dir: Path, group_by: str) -> list[Path]:
         with open(out_dir / "comparison.csv", "w", newline="") as f:
