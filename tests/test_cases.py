@@ -117,7 +117,7 @@ def test_c04_long_documents_are_reported_and_can_be_embedded_whole(tmp_path):
     assert float(whole[0] @ whole[1]) < 0.99 and np.allclose(np.linalg.norm(whole, axis=1), 1.0, atol=1e-5)
     proc = ccexp(tmp_path, "long-boilerplate.jsonl", "clusterer.k=3", "train.steps=10", "data.heldout_fraction=0.1")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "longer than embedder.max_seq_length=256 tokens" in proc.stdout + proc.stderr
+    assert "longer than embedder.max_seq_length=128 tokens" in proc.stdout + proc.stderr
     _, rs = runs(tmp_path / "out")
     assert rs[0].data.metrics["embed/truncated_documents"] >= 2
 

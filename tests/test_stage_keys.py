@@ -67,7 +67,7 @@ SETTINGS = [  # (a setting that changes a stage's output, the stages it must re-
     ("data.heldout_stratify=domain", {"corpus"}), ("data.heldout_min_per_value=3", {"corpus"}),
     ("data.text_field=body", {"corpus"}), ("data.id_field=null", {"corpus"}), ("data.max_documents=10", {"corpus"}),
     ("data.shard_documents=10", {"corpus"}), ("data.response_field=answer", {"corpus"}),
-    ("embedder.max_seq_length=128", {"embed"}), ("embedder.long_documents=chunk_mean", {"embed"}),
+    ("embedder.max_seq_length=256", {"embed"}), ("embedder.long_documents=chunk_mean", {"embed"}),
     ("embedder.prompt=passage:", {"embed"}), ("embedder.pooling=cls", {"embed"}), ("embedder.model=other", {"embed"}),
     ("clusterer.k=5", {"cluster"}), ("clusterer.seed=1", {"cluster"}), ("clusterer.niter=3", {"cluster"}),
     ("clusterer.spherical=false", {"cluster"}), ("clusterer.max_points_per_centroid=9", {"cluster"}),
