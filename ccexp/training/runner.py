@@ -196,7 +196,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, logger, callbacks: list[Callba
     extra = {"strategy": fsdp_strategy(cfg.trainer, model)} if fsdp else {}
     if plugins:
         extra["plugins"] = plugins
-    if cfg.trainer.accelerator == "cpu" and cfg.trainer.threads:
+    if cfg.trainer.threads:  # on a GPU too: the CPU side of runs packed onto one device (docs/gpu/README.md)
         import os
 
         torch.set_num_threads(int(cfg.trainer.threads))
