@@ -142,11 +142,12 @@ def _remove_orphans(stage_dir: Path) -> None:
                 continue
             if stale:
                 shutil.rmtree(tmp, ignore_errors=True)
-        elif pid is None or not _alive(pid):
+        elif pid is None or not pid_alive(pid):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists on this machine (another user's process counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -202,8 +202,9 @@ class TrainConfig:
     weight_decay: float = 0.1  # AdamW weight decay
     warmup_steps: int = ge(0, 20)  # steps of linear learning-rate warm-up
     log_every_n_steps: int = ge(1, 10)  # steps between training progress lines and logged losses
-    # a checkpoint to resume (<run>/checkpoints/last.ckpt); "last": this configuration's newest (an error if none);
-    # "auto": the same, or a fresh start when there is none (Slurm jobs that may be requeued)
+    # null: a single run of a configuration that finished does nothing, one that stopped continues (docs/using.md,
+    # "Stopping and continuing"); "fresh": from step 0 always; "last": the newest checkpoint of an unfinished run of
+    # this configuration (an error if none); "auto": the same, or a fresh start (jobs that may be requeued); a path
     resume_from: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = ge(1, None)  # also keep checkpoints/step-N.ckpt every N steps
     record_batches: bool = False  # save each rank's trained documents per step to <run>/batches/
@@ -229,8 +230,9 @@ class DataConfig:
     max_documents: Optional[int] = ge(1, None)
     heldout_fraction: float = setting(0.05)  # in (0, 1): documents held out by a hash of their id
     # a field of label_fields: each of its values gets at least heldout_min_per_value held-out documents (at most
-    # half of its documents), so a rare value's held-out perplexity rests on more than a handful; null = off
-    heldout_stratify: Optional[str] = setting(None)
+    # half of its documents), so a rare value's held-out perplexity rests on more than a handful; auto = the first of
+    # label_fields, only when the hash split holds out no document of one of its values; null = off
+    heldout_stratify: Optional[str] = setting("auto")
     heldout_min_per_value: int = ge(0, 20, setting=True)  # with heldout_stratify: the least held-out documents per label value
     shard_documents: int = ge(1, 100_000, setting=True)  # documents per corpus shard: the unit of reading, tokenizing and resume
     # instruction data: text_field is the prompt, this field the response; only response tokens are trained on

@@ -19,10 +19,11 @@ class Interrupted(BaseException):
     SIGUSR2): the entry point calls it once the run is closed.
     """
 
-    def __init__(self, signum: int, message: str = "", pass_on=None):
+    def __init__(self, signum: int, message: str = "", pass_on=None, step: int | None = None):
         import signal
 
         self.signum = int(signum)
+        self.step = step  # the optimizer steps done when it stopped (None: not known)
         self.name = signal.Signals(self.signum).name
         self.pass_on = pass_on
         super().__init__(message or f"stopped by {self.name}")
@@ -44,8 +45,8 @@ class StoppedEarly(BaseException):
     def __init__(self, step: int, steps: int, checkpoint: str, by: str):
         self.step, self.steps = int(step), int(steps)
         super().__init__(f"stopped by {by} after step {step} of {steps}, before the run's budget: the run is not "
-                         f"complete (its metrics are of step {step}); continue it with train.resume_from={checkpoint} "
-                         "(or train.resume_from=last)")
+                         f"complete (its metrics are of step {step}); run the same command again to continue it (or "
+                         f"train.resume_from={checkpoint})")
 
 
 def raise_interrupted(signum, frame) -> None:

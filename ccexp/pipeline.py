@@ -1,7 +1,6 @@
 """One ccexp run, top to bottom, like a recipe: pre-flight -> cached stages (typed artifacts) ->
 sampler, token stream, model (each from its own part of the config) -> fit -> evaluate -> MLflow. The
-stages are cached by content ([`ccexp.stages`][ccexp.stages]): a sweep over samplers or models embeds and clusters once.
-"""
+stages are cached by content ([`ccexp.stages`][ccexp.stages]): a sweep over samplers or models embeds and clusters once."""
 from __future__ import annotations
 
 import time
@@ -18,7 +17,7 @@ from ccexp.names import run_name
 from ccexp.preflight import check_cluster_counts, preflight
 from ccexp.runtime import Phases, quiet_libraries
 from ccexp.tracking.mlflow_run import RunRecord
-from ccexp.tracking.resume import find_resume
+from ccexp.tracking.resume import find_resume, finished_before
 from ccexp.training import runner
 from ccexp.training.reference import prior_options
 
@@ -27,11 +26,12 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     phases = Phases(since=time.perf_counter() if multirun else None)  # a sweep's jobs share one process
     quiet_libraries(sweep=multirun)
     preflight(cfg, multirun)  # every check, before any work
-    phases.mark("start")
-    import lightning as L
-
-    L.seed_everything(cfg.train.init_seed, workers=True, verbose=False)  # the data order has its own sampler.seed
     outputs = Path(cfg.paths.outputs).resolve()
+    resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs, multirun)  # a checkpoint and run
+    if resume.finished is not None:  # this configuration finished already: nothing to do
+        return finished_before(resume.finished, cfg.train.resume_from)
+    phases.mark("start")
+    runner.seed_model(cfg.train.init_seed)  # the data order has its own sampler.seed
     # 1. preprocessing: cached stages that return typed artifacts
     stage = stages.Stages(StageStore(Path(cfg.paths.cache).resolve()), data=cfg.data, embedder=cfg.embedder,
                           clusterer=cfg.clusterer, model=cfg.model, curate=cfg.curate)
@@ -39,7 +39,8 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     check_cluster_counts(cfg.clusterer, int((~corpus.heldout).sum()))  # before the embedding is paid for
     pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
     tokenized = stage.tokenize(corpus, pretrained)
-    runner.settle_budget(cfg.train, cfg.sampler, tokenized, ~corpus.heldout)  # train.passes; a budget it cannot supply
+    mix = source_mix(cfg.data, corpus.labels)  # data.sources' target token shares (None without sources)
+    runner.settle_budget(cfg.train, cfg.sampler, tokenized, ~corpus.heldout, mix)  # train.passes; refuse what can't be
     phases.mark("corpus+tokenize")
     embeddings = stage.embed(corpus, pretrained)
     phases.mark("embed")
@@ -49,13 +50,11 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
                                stages.select(cfg.selection, corpus, clustering, kept))  # selection.target
     # 2. the components
     prior = prior_options(cfg, stage, split, tokenized, pretrained)  # DoReMi's reference or proxy run ({}: none)
-    sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized,  # data.sources: at their token shares
-                                   sources=source_mix(cfg.data, corpus.labels), **prior)
+    sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized, sources=mix, **prior)  # mix: token shares
     stream = runner.build_token_stream(cfg.train, sampler, split, tokenized)
     model = runner.build_model(cfg.model, cfg.trainer, tokenized, pretrained, init_seed=cfg.train.init_seed)
     phases.mark("cluster+sampler")
     # 3. train, evaluate, record
-    resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs)  # a checkpoint, and its MLflow run
     with RunRecord(cfg, outputs, run_dir, continue_run=resume.run_id) as record:
         signature = runner.run_signature(cfg, stage.fingerprints(), split.num_clusters)
         fit = runner.fit(cfg, run_dir, record.loggers, stream, model, tokenized, split, corpus.labels,
@@ -74,6 +73,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
             record.log_artifacts([path], folder)
         fit.raise_if_stopped_early(cfg.train.steps)  # incomplete: KILLED, not FINISHED; a resume continues it
         record.finish({**{f"eval_error/{part}": msg for part, msg in result.errors.items()},
-                       "stream_digest": fit.stream.digest})
+                       "stream_digest": fit.stream.digest}, step=fit.steps, metrics=result.metrics)
     phases.done(record.name, fit.seconds, fit.module.tokens_seen, run_dir)  # the time: and done: lines
     return result.metrics
+

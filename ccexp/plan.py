@@ -332,13 +332,13 @@ def stream_plan(cfg):
         check_cluster_counts(cfg.clusterer, int((~corpus.heldout).sum()))
         pretrained = stage.model()
         tokenized = stage.tokenize(corpus, pretrained)
-        runner.settle_budget(cfg.train, cfg.sampler, tokenized, ~corpus.heldout)  # as a training run: before embedding
+        mix = source_mix(cfg.data, corpus.labels)  # data.sources with weights: their target token shares
+        runner.settle_budget(cfg.train, cfg.sampler, tokenized, ~corpus.heldout, mix)  # as a run: before embedding
         embeddings = stage.embed(corpus, pretrained)
         clustering = stage.cluster(corpus, embeddings)
         kept = stage.dedup(corpus, embeddings, clustering)  # the same curation as a training run
         split = stages.train_split(corpus, clustering, cfg.sampler.level,
                                    stages.select(cfg.selection, corpus, clustering, kept))
-        mix = source_mix(cfg.data, corpus.labels)  # data.sources with weights: their target token shares
         sampler = runner.build_sampler(cfg.sampler, cfg.train, split, tokenized, sources=mix)
         lengths = tokenized.lengths(split.train_docs)
     plan = simulate(sampler, lengths, steps=cfg.train.steps, tokens_per_step=cfg.train.tokens_per_step,

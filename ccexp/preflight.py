@@ -56,7 +56,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     from ccexp.data.corpus import check_heldout_fraction
 
     check_heldout_fraction(cfg.data.heldout_fraction)
-    if cfg.data.heldout_stratify is not None and cfg.data.heldout_stratify not in cfg.data.label_fields:
+    if cfg.data.heldout_stratify not in (None, "auto") and cfg.data.heldout_stratify not in cfg.data.label_fields:
         raise CcexpError(f"data.heldout_stratify={cfg.data.heldout_stratify!r} is not among data.label_fields "
                          f"{list(cfg.data.label_fields)}; add it, e.g. data.label_fields=[{cfg.data.heldout_stratify}]")
     check_strategy(cfg.selection.strategy)

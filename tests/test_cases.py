@@ -141,18 +141,19 @@ def test_c05_a_signal_stops_with_a_line_a_status_and_a_checkpoint_to_resume(tmp_
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=300)
     line = one_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), code)
-    assert signal.Signals(signum).name in line and "train.resume_from=" in line
+    assert signal.Signals(signum).name in line and "run the same command again to continue" in line
     client, rs = runs(out)
     assert rs[0].info.status == "KILLED"
     stopped = int(line.split("after step ")[1].split(";")[0])
     assert 10 <= stopped < 40
-    resumed = run_ccexp(*args, "train.resume_from=last", cwd=tmp_path)
+    resumed = run_ccexp(*args, cwd=tmp_path)  # the same command continues the stopped run (docs/using.md)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = np.load(sorted(out.glob("runs/*/*/batches/rank0.npz"))[-1])["steps"]
     assert steps[0] == stopped and steps[-1] == 39  # it went on from the step the signal stopped
     _, rs = runs(out)  # the interrupted MLflow run is continued, not a second one of the same name opened
     assert len(rs) == 1 and rs[0].info.status == "FINISHED" and rs[0].data.tags["resumed"] == "1"
-    assert "resumed_with" in rs[0].data.tags and "train.resume_from=last" in rs[0].data.tags["resumed_with"]
+    assert "resumed_with" not in rs[0].data.tags  # no setting differs from the stopped run's
+    assert "continued from where it was interrupted" in resumed.stdout + resumed.stderr  # the "mlflow: run" line
     assert "You're resuming from a checkpoint" not in resumed.stderr + resumed.stdout
 
 
@@ -228,7 +229,8 @@ def test_c11_a_budget_that_does_not_split_over_the_ranks_stops_before_any_stage(
 
 # -- round 3 -------------------------------------------------------------------------------------------
 def test_c12_repeated_ids_are_named_and_the_split_keeps_its_fraction(tmp_path):
-    proc = ccexp(tmp_path, "dup-ids.jsonl", "train.steps=2", "logger=none")
+    # (the plain hash split: data.heldout_stratify=auto would add documents of the domains it held out none of)
+    proc = ccexp(tmp_path, "dup-ids.jsonl", "train.steps=2", "logger=none", "data.heldout_stratify=null")
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     assert "corpus: 1 id(s) repeat, in 150 rows: '59' (150 rows)" in log and "data.id_field=null" in log
@@ -248,7 +250,7 @@ def test_c12_repeated_ids_are_named_and_the_split_keeps_its_fraction(tmp_path):
     path = tmp_path / "int-and-str.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = run_ccexp(*TINY, f"data.path={path}", f"paths.outputs={tmp_path / 'out2'}", "train.steps=1", "logger=none",
-                     "clusterer.k=2", "data.heldout_fraction=0.2", cwd=tmp_path)
+                     "clusterer.k=2", "data.heldout_fraction=0.2", "data.heldout_stratify=null", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "'0' (2 rows)" in proc.stdout + proc.stderr and 'an int 0 and a string "0" are one id' in proc.stdout + proc.stderr
 

@@ -359,7 +359,8 @@ def test_help_describes_every_setting_from_its_schema():
     from ccexp import config
 
     # the notes are the schema's own comments (a trailing one, or the lines just above a field)
-    assert field_notes(config.TrainConfig)["resume_from"].startswith("a checkpoint to resume")
+    assert field_notes(config.TrainConfig)["resume_from"].startswith("null: a single run of a configuration that "
+                                                                       "finished does nothing")
     assert "type: ignore" not in field_notes(config.TrainConfig)["init_seed"]
     undocumented = [f"{cls.__name__}.{f.name}" for _, _, cls in config.GROUP_SCHEMAS
                     for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name not in field_notes(cls)]

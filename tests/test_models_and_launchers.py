@@ -346,7 +346,7 @@ def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_
 
     name, new = "uniform-k4-s0-abcd", tmp_path / "runs" / "d" / "new"
     assert find_resume("auto", name, new, tmp_path).checkpoint is None
-    with pytest.raises(CcexpError, match="train.resume_from=last: no readable checkpoint of an earlier run"):
+    with pytest.raises(CcexpError, match="train.resume_from=last: no readable checkpoint of an unfinished run"):
         find_resume("last", name, new, tmp_path)
     old = tmp_path / "runs" / "d" / "old"
     (old / "checkpoints").mkdir(parents=True)

@@ -40,7 +40,10 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
         label_fields: the label columns to write.
         stratify, min_per_value: a label field of ``label_fields`` whose every value gets at least
             ``min_per_value`` held-out documents ([`stratify_heldout`][ccexp.data.corpus.stratify_heldout]; the
-            shards are rewritten with the final flags); None: the hash split alone.
+            shards are rewritten with the final flags); ``"auto"``: the first of ``label_fields``, only when
+            the hash split holds out no document of one of its values (that value could not be scored);
+            None: the hash split alone. Values of any label left without a held-out document are named in a
+            warning.
 
     Returns:
         figures: ``documents``, ``heldout``, ``shards``, ``content`` (a 16-hex-digit SHA-256 over every
@@ -71,7 +74,7 @@ def write_corpus(batches: Iterable[CorpusBatch], out_dir: Path, *, heldout_fract
                "label_values": {name: len(v) for name, v in values.items()}}
     files = [out_dir / _SHARD.format(i) for i in range(shards)]
     held_change, more = _settle_heldout(files, hashes, heldout_fraction, content, stratify=stratify,
-                                        min_per_value=min_per_value)
+                                        min_per_value=min_per_value, label_fields=list(label_fields))
     held_total += held_change
     figures.update(more)
     check_split(held_total, documents, heldout_fraction)
@@ -102,7 +105,7 @@ def _write_shard(batch: CorpusBatch, heldout: np.ndarray, path: Path, label_fiel
 
 
 def _settle_heldout(files: list[Path], hashes: list[np.ndarray], heldout_fraction: float, content, *,
-                    stratify: str | None, min_per_value: int) -> tuple[int, dict]:
+                    stratify: str | None, min_per_value: int, label_fields: list[str] = ()) -> tuple[int, dict]:
     """Rewrite the shards' flags for repeated ids and stratification; return the held-out change and figures."""
     figures: dict = {}
     held_change = 0
@@ -112,12 +115,58 @@ def _settle_heldout(files: list[Path], hashes: list[np.ndarray], heldout_fractio
         content.update(b"repeats:" + repeats["changed"].tobytes())
         held_change += repeats["held_change"]
         figures["repeated_ids"], figures["repeated_rows"] = repeats["ids"], repeats["rows"]
+    if stratify == "auto":
+        stratify = _auto_stratify(files, label_fields, min_per_value)
     if stratify is not None and min_per_value > 0:
         added = _stratify_shards(files, stratify, min_per_value)
         content.update(f"stratified:{stratify}:{min_per_value}:".encode() + added.tobytes())
         held_change += int(added.size)
         figures["stratified_added"] = int(added.size)
+    unscored = _values_without_heldout(files, label_fields)
+    if unscored:
+        figures["values_without_heldout"] = unscored
+        log.warning("corpus: no held-out document of %s: their held-out perplexity cannot be scored, and the report "
+                    "names them as not scored%s", "; ".join(f"{f} {', '.join(map(repr, v[:8]))}"
+                                                           + (f" and {len(v) - 8} more" if len(v) > 8 else "")
+                                                           for f, v in unscored.items()),
+                    "" if stratify else f" (data.heldout_stratify={label_fields[0]} holds out up to "
+                    f"data.heldout_min_per_value of each value, at most half of its documents)")
     return held_change, figures
+
+
+def _held_per_value(files: list[Path], field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, documents per value, held-out documents per value) of label ``field``."""
+    columns, _ = _read_columns(files, ["heldout", f"label.{field}"])
+    uniq, inv = np.unique(np.asarray(columns[f"label.{field}"], dtype=object).astype(str), return_inverse=True)
+    return uniq, np.bincount(inv, minlength=uniq.size), np.bincount(inv, weights=columns["heldout"],
+                                                                    minlength=uniq.size).astype(np.int64)
+
+
+def _auto_stratify(files: list[Path], label_fields: list[str], min_per_value: int) -> str | None:
+    """``data.heldout_stratify=auto``: the first label field when the hash split holds out no document of one of
+    its values that has two or more (a value with one document cannot be held out without leaving training)."""
+    if not label_fields or min_per_value <= 0:
+        return None
+    field = label_fields[0]
+    values, counts, held = _held_per_value(files, field)
+    missing = [str(v) for v, c, h in zip(values, counts, held) if h == 0 and c >= 2]
+    if not missing:
+        return None
+    log.warning("corpus: the hash split held out no document of %s %s: held-out documents are stratified by %s "
+                "(data.heldout_stratify=auto; =null keeps the plain hash split)", field,
+                ", ".join(map(repr, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""), field)
+    return field
+
+
+def _values_without_heldout(files: list[Path], label_fields: list[str]) -> dict[str, list[str]]:
+    """Per label field of at most 1,000 values (more is not a category: the corpus reader warns of those): its
+    values with no held-out document."""
+    out = {}
+    for field in label_fields:
+        values, counts, held = _held_per_value(files, field)
+        if values.size <= 1000 and (held == 0).any():
+            out[field] = [str(v) for v in values[held == 0]]
+    return out
 
 def _read_columns(files: list[Path], columns: list[str]) -> tuple[dict[str, list], np.ndarray]:
     """``columns`` of every shard, concatenated (lists; ``heldout`` as bool[N]), and the shards' row bounds."""

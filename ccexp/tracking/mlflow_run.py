@@ -194,18 +194,31 @@ class RunRecord:
             self.logger.log_hyperparams(params)
             run_id = self.logger.run_id
         for logger in self.loggers[1 if self.logger is not None else 0:]:  # TensorBoard's hparams, W&B's config
-            logger.log_hyperparams(flatten(self.cfg))
+            if type(logger).__name__ == "TensorBoardLogger":
+                from ccexp.training.extras import start_tensorboard
+
+                start_tensorboard(logger, flatten(self.cfg))
+            else:
+                logger.log_hyperparams(flatten(self.cfg))
+        if self.logger is not None:
             log.info("mlflow: run %r (%s) in %s%s", self.name, run_id, self.uri,
                      ", continued from where it was interrupted" if self.continued is not None else "")
         if self.run_dir is not None and self.rank_zero:
-            import json
+            from ccexp.tracking.resume import write_run_json
 
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "run.json").write_text(json.dumps({"run_name": self.name, "mlflow_run_id": run_id,
-                                                               "slurm_job_id": slurm_job_id()}))
+            write_run_json(self.run_dir, run_name=self.name, mlflow_run_id=run_id, slurm_job_id=slurm_job_id(),
+                           status="running", steps=int(self.cfg.train.steps))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and self.run_dir is not None and self.rank_zero:
+            from ccexp.errors import Interrupted, StoppedEarly
+            from ccexp.tracking.resume import write_run_json
+
+            stopped = issubclass(exc_type, (Interrupted, SystemExit, StoppedEarly))
+            step = getattr(exc, "step", None)
+            write_run_json(self.run_dir, status="stopped" if stopped else "failed",
+                           **({"step": int(step)} if step is not None else {}))
         if exc_type is not None and self.logger is not None and self.logger.run_id is not None:
             from ccexp.errors import Interrupted, StoppedEarly
 
@@ -236,9 +249,9 @@ class RunRecord:
         self.client.close()
         server_id = self.client.server_run_id(self.logger.run_id)
         if self.run_dir is not None and server_id not in (None, self.logger.run_id):
-            import json
+            from ccexp.tracking.resume import write_run_json
 
-            (self.run_dir / "run.json").write_text(json.dumps({"run_name": self.name, "mlflow_run_id": server_id}))
+            write_run_json(self.run_dir, run_name=self.name, mlflow_run_id=server_id)
 
     def set_tag(self, key: str, value: str) -> None:
         if self.logger is not None:
@@ -251,7 +264,7 @@ class RunRecord:
         if self._extra is None:
             from ccexp.training.extras import build_loggers
 
-            self._extra = build_loggers(self.cfg.logger.get("loggers")) if self.rank_zero else []
+            self._extra = build_loggers(self.cfg.logger.get("loggers"), self.name) if self.rank_zero else []
         return [x for x in (self.logger, *self._extra) if x is not None]
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -319,10 +332,18 @@ class RunRecord:
                 logger.experiment.finish(exit_code=0 if status == "success" else 1)
         self._extra = []
 
-    def finish(self, tags: dict[str, str] | None = None) -> None:
-        """Set ``tags`` on the run and mark it FINISHED."""
+    def finish(self, tags: dict[str, str] | None = None, step: int | None = None,
+               metrics: dict[str, float] | None = None) -> None:
+        """Set ``tags`` on the run and mark it FINISHED; its ``run.json`` says ``finished`` at ``step`` with those
+        of ``metrics`` named in [`RUN_JSON_METRICS`][ccexp.tracking.resume.RUN_JSON_METRICS] (what a later run of
+        the same configuration reports instead of training again)."""
         for key, value in (tags or {}).items():
             self.set_tag(key, value)
+        if self.run_dir is not None and self.rank_zero:
+            from ccexp.tracking.resume import RUN_JSON_METRICS, write_run_json
+
+            write_run_json(self.run_dir, status="finished", **({"step": int(step)} if step is not None else {}),
+                           metrics={k: float(v) for k, v in (metrics or {}).items() if k in RUN_JSON_METRICS})
         self._close_extras("success")
         if self.logger is not None:
             self.client.set_terminated(self.logger.run_id, "FINISHED")

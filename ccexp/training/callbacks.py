@@ -84,7 +84,8 @@ class HeldoutCurve(Callback):
     """Held-out perplexity during training: every ``every`` optimizer steps (and before the first),
     score a fixed sample of held-out documents and log ``curve/ppl``, ``curve/ppl_macro``,
     ``curve/ppl_worst`` and ``curve/ppl_<label>/<value>`` with the MLflow step set to the *tokens
-    trained*, so runs of different samplers compare on one axis. Every rank scores the sample (a
+    trained*, so runs of different samplers compare on one axis (in TensorBoard and W&B, whose scalars share
+    one step axis, at the optimizer step with ``curve/tokens_trained`` beside them). Every rank scores the sample (a
     sharded model needs all of them); rank 0 logs. Plain data only, so it pickles into spawned ranks.
 
     Args:
@@ -124,8 +125,12 @@ class HeldoutCurve(Callback):
                  f"{tokens:,}", metrics["ppl"], metrics["ppl_macro"], metrics["ppl_worst"])
         from ccexp.names import metric_keys
 
-        for logger in trainer.loggers:  # MLflow, and any of logger.loggers (TensorBoard)
-            logger.log_metrics(metric_keys({f"curve/{k}": v for k, v in metrics.items()}), step=tokens)
+        curve = metric_keys({f"curve/{k}": v for k, v in metrics.items()})
+        for logger in trainer.loggers:  # MLflow at the tokens trained; the others (TensorBoard, W&B) at the optimizer
+            if type(logger).__name__ == "MLFlowLogger":  # step, as all their scalars, with the tokens beside
+                logger.log_metrics(curve, step=tokens)
+            else:
+                logger.log_metrics({**curve, "curve/tokens_trained": float(tokens)}, step=trainer.global_step)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._evaluate(trainer, pl_module)
@@ -294,8 +299,8 @@ class StopOnSignal(Callback):
         step = self._trainer.global_step if self._trainer is not None else 0
         newest = max(self.path.parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, default=None)
         raise Interrupted(signum, f"stopped at once by a second SIGINT during step {step + 1}; " + (
-            f"the newest checkpoint is {newest}: resume with train.resume_from=last" if newest else
-            "no checkpoint had been saved"))
+            f"the newest checkpoint is {newest}: run the same command again to continue from it" if newest else
+            "no checkpoint had been saved"), step=step)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._trainer = trainer
@@ -321,9 +326,10 @@ class StopOnSignal(Callback):
                 raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after step {step}, the "
                                           "scheduler's notice of the job's time limit (or of a preemption); the "
                                           f"checkpoint is {self.path}: the requeued job continues from it with "
-                                          "train.resume_from=auto (or train.resume_from=last)", pass_on=self.pass_on)
-            raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after step {step}; resume with "
-                                      f"train.resume_from={self.path} (or train.resume_from=last)")
+                                          "train.resume_from=auto (or train.resume_from=last)",
+                                  pass_on=self.pass_on, step=step)
+            raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after step {step}; run the same "
+                                      f"command again to continue from {self.path}", step=step)
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -89,17 +89,22 @@ def sampler_over(sampler: DictConfig, train: DictConfig, labels: np.ndarray, siz
 PASSES_STEP_LIMIT = 1_000_000  # steps train.passes may derive without train.max_steps
 
 
-def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCorpus, mask: np.ndarray) -> None:
+def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCorpus, mask: np.ndarray,
+                  sources: tuple | None = None) -> None:
     """Once the corpus is tokenized, before any embedding: ``train.passes`` (the budget in passes over the
     training tokens) becomes ``train.steps``, and a budget the data cannot supply is refused — the
-    configured sampler is built over the training documents as one cluster, so its own supply check
-    (ClusterClip's and UniMax's ``M · sum of tokens``; a clip does not depend on the clusters) fires now,
-    not after the embedding; the exact check with the clusters still comes with the run's sampler.
+    configured sampler is built over the training documents as one cluster (inside each source, with
+    ``sources``), so its own supply check (ClusterClip's and UniMax's ``M · sum of tokens``; a clip does not
+    depend on the clusters) fires now, not after the embedding; the exact check with the clusters still comes
+    with the run's sampler. With ``sources``, a document so long that a source's share could miss its target by
+    more than [`SOURCE_SHARE_MARGIN`][ccexp.training.runner.SOURCE_SHARE_MARGIN] of the run's tokens is warned
+    of ([`source_share_drift`][ccexp.training.runner.source_share_drift]).
 
     Args:
         train: the ``train`` settings (``train.steps`` is set here from ``train.passes``).
         sampler: the ``sampler`` option.
         mask: bool[N], the training documents.
+        sources: [`ccexp.data.sources.source_mix`][ccexp.data.sources.source_mix] of the corpus (None: one source).
 
     Raises:
         CcexpError: when the budget is more than the sampler can supply, or ``train.passes`` derives more than
@@ -125,8 +130,50 @@ def settle_budget(train: DictConfig, sampler: DictConfig, tokenized: TokenizedCo
                  f" (capped by train.max_steps: {steps * int(train.tokens_per_step) / total:.2f} passes)"
                  if capped else "")
     options = component("sampler", sampler).stand_in(sampler, 1)  # what a prior run computes
+    if sources is not None:
+        sources = (sources[0][docs], *sources[1:])
+        source_share_drift(train, lengths, sources)
     sampler_over(sampler, train, np.zeros(docs.size, dtype=np.int32), np.array([docs.size], dtype=np.int64), lengths,
-                 **options)
+                 sources=sources, **options)
+
+
+SOURCE_SHARE_MARGIN = 0.01  # a source's share of the run's tokens may miss its target by this much without a warning
+
+
+def source_share_drift(train: DictConfig, lengths: np.ndarray, sources: tuple) -> float:
+    """How far a source's share of the run's training tokens can be from its target: the mixture holds every
+    source within one document of its share at every token ([`SourceMixture`][ccexp.sampling.sources.SourceMixture]'s
+    bound), so the drift is at most the longest document (as the stream places it: ``train.max_doc_tokens``
+    caps it) over the run's tokens. Warns, before any embedding, when that exceeds
+    [`SOURCE_SHARE_MARGIN`][ccexp.training.runner.SOURCE_SHARE_MARGIN], naming the document's source and what
+    brings it down. Returns the bound (a share of the run's tokens, float).
+
+    Args:
+        lengths: int64[N] tokens of each training document; sources: (int[N] source ids, float[S] target shares,
+            S names) of the training documents.
+    """
+    ids, weights, names = sources
+    stream_len = stream_lengths(lengths, train.max_doc_tokens)
+    live = weights[ids] > 0
+    if not live.any():
+        return 0.0
+    longest = int(np.flatnonzero(live)[np.argmax(stream_len[live])])
+    budget = int(train.steps) * int(train.tokens_per_step)
+    drift = float(stream_len[longest]) / max(1, budget)
+    if drift > SOURCE_SHARE_MARGIN:
+        log.warning("data.sources: a document of source %r has %s tokens, %.1f%% of the run's %s training tokens; a "
+                    "source's share can miss its target by up to that much (a document is drawn whole), more than "
+                    "the %.0f%% margin; python -m ccexp.plan shows the planned shares. Cap documents with "
+                    "train.max_doc_tokens=%d (the rest of a longer one is not trained on) or raise the budget",
+                    names[int(ids[longest])], f"{int(stream_len[longest]):,}", 100 * drift, f"{budget:,}",
+                    100 * SOURCE_SHARE_MARGIN, max(1, int(SOURCE_SHARE_MARGIN * budget)))
+    return drift
+
+
+def seed_model(init_seed: int) -> None:
+    """Seed the model's initialisation and dropout (Lightning's ``seed_everything``: Python, NumPy and torch,
+    and the data loader's workers) with ``train.init_seed``."""
+    L.seed_everything(init_seed, workers=True, verbose=False)
 
 
 def build_token_stream(train: DictConfig, sampler: Sampler, split: TrainSplit, tokenized: TokenizedCorpus) -> TokenStream:
