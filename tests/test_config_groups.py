@@ -91,6 +91,7 @@ def test_debug_tiny_holds_the_tiny_sizes_and_no_data():
 @pytest.mark.slow  # a real run: about 35 s on one core
 def test_tensorboard_logs_beside_the_mlflow_run_and_the_profiler_reports_into_the_run_folder(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
 
     out = tmp_path / "out"
     proc = run_ccexp("debug=profiler", *DATA, f"paths.outputs={out}", "logger=tensorboard", "callbacks=lr_monitor",
@@ -98,16 +99,31 @@ def test_tensorboard_logs_beside_the_mlflow_run_and_the_profiler_reports_into_th
     assert proc.returncode == 0, proc.stderr[-3000:]
     (report,) = out.glob("runs/*/*/fit-profile.txt")  # the profiler writes its report into the run folder
     assert "run_training_batch" in report.read_text()
-    version = out / "tensorboard" / "random-s0" / "version_0"
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])[0]
+    version = out / "tensorboard" / run.info.run_name / "version_0"  # the run called as MLflow calls it
     acc = EventAccumulator(str(version))  # every events file of the run (training, then the final metrics)
     acc.Reload()
+    # the HParams tab: the run's settings, and the headline held-out metrics as its columns (logged at the end)
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    hp = {k: plugin_data_pb2.HParamsPluginData.FromString(v) for k, v in acc.PluginTagToContent("hparams").items()}
+    metric_tags = {m.name.tag for m in hp["_hparams_/experiment"].experiment.metric_infos}
+    assert {"eval/ppl_macro", "eval/ppl"} <= metric_tags <= set(acc.Tags()["scalars"])
+    assert hp["_hparams_/session_start_info"].session_start_info.hparams["sampler.name"].string_value == "random"
+    # one axis: the held-out curve at the optimizer step, with the tokens trained beside it; the layout names it
+    curve_steps = [e.step for e in acc.Scalars("curve/ppl")]
+    tokens = {e.step: e.value for e in acc.Scalars("curve/tokens_trained")}
+    assert curve_steps and max(curve_steps) <= 20 and tokens[curve_steps[-1]] == 512 * curve_steps[-1]
+    layout = layout_pb2.Layout()  # the Custom Scalars tab's layout names the axis
+    layout.ParseFromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    assert [c.title for c in layout.category] == ["ccexp: held-out curve (x: optimizer step)",
+                                                  "ccexp: training (x: optimizer step)"]
     loss = [e.value for e in acc.Scalars("train/loss")]
     tags = set(acc.Tags()["scalars"])
     assert {"eval/ppl", "eval/ppl_macro", "curve/ppl", "sampler/active_clusters"} <= tags, sorted(tags)[:20]
     assert len(loss) == 2 and 0 < loss[-1] < loss[0] < 7  # steps 10 and 20 (log_every_n_steps=10); ln 512 = 6.2
     assert any(t.startswith("lr-AdamW") for t in acc.Tags()["scalars"])  # the callback's metric reaches it too
-    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
-    run = client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])[0]
     assert run.info.status == "FINISHED" and "eval/ppl" in run.data.metrics
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [round(m.value, 4) for m in sorted(history, key=lambda m: m.step)] == [round(v, 4) for v in loss]
