@@ -10,7 +10,7 @@ MLflow *shared view* (an experiment tag ``mlflow.sharedViewState.<key>``, the sa
 "share" writes), so the address keeps working for anyone who opens that store's UI.
 
 Usage:
-    python -m ccexp.ui                                   # outputs/mlflow.db on http://127.0.0.1:5000
+    python -m ccexp.ui                                   # outputs/mlflow.db on http://[::1]:5000 (127.0.0.1 without IPv6)
     python -m ccexp.ui --store runs/mlflow.db --port 5001 --parent <sweep run id>
     python -m ccexp.ui --no-server                       # write the view, print its address (a UI runs already)
     python -m ccexp.ui --tracking-uri http://mlflow.example:5000   # a team's server: the view in its own UI
@@ -42,6 +42,7 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
     Raises:
         CcexpError: when the experiment does not exist or holds no run.
     """
+    from ccexp.evaluation.heldout import HEADLINE_KEYS, is_headline_key
     from ccexp.tracking.report import HEADLINE, latest_sweep
     from ccexp.tracking.verdict import PRIMARY
 
@@ -61,26 +62,66 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
         raise CcexpError(f"no runs in experiment {experiment!r}" + (f" under sweep {parent}" if parent else "")
                          + "; run ccexp first")
     logged = set().union(*(r.data.metrics for r in runs))
-    metrics = [m for m in HEADLINE if m in logged]
+    # the rounded headline copies and, in a sweep, their differences against the baseline (they sort in the order
+    # they matter: MLflow orders metric columns by name); runs from before them: the eval/ headline metrics
+    metrics = sorted(m for m in logged if is_headline_key(m)) or [m for m in HEADLINE if m in logged]
+    primary = next((m for m in (HEADLINE_KEYS["ppl_macro"], PRIMARY) if m in logged), None)
     params = [p for p in ("sampler.name", "seed") if any(p in r.data.params for r in runs)]
     state = {
-        "searchFilter": where, "orderByKey": f"metrics.`{PRIMARY}`" if PRIMARY in logged else "attributes.start_time",
-        "orderByAsc": PRIMARY in logged, "startTime": "ALL", "lifecycleFilter": "Active", "datasetsFilter": [],
+        "searchFilter": where, "orderByKey": f"metrics.`{primary}`" if primary else "attributes.start_time",
+        "orderByAsc": primary is not None, "startTime": "ALL", "lifecycleFilter": "Active", "datasetsFilter": [],
         "modelVersionFilter": "All Runs",
         "selectedColumns": [f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in params],
         "runsPinned": [], "runsHidden": [], "runsExpanded": {}, "runListHidden": False,
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "param", "groupByData": "sampler.name"}]}
         if "sampler.name" in params else None,
+        # the chart view (compareRunsMode=CHART): one bar chart per headline column, a bar per sampler when grouped
+        # (isAccordionReordered: the UI keeps this section first; else it sorts sections by name, "cache" first)
+        "compareRunSections": [{"uuid": "ccexp-headline", "name": "ccexp: headline", "display": True,
+                                "isReordered": False}], "isAccordionReordered": True,
+        "compareRunCharts": [{"uuid": f"ccexp-{i}", "type": "BAR", "runsCountToCompare": 100,
+                              "metricSectionId": "ccexp-headline", "deleted": False, "isGenerated": False,
+                              "metricKey": m, "displayName": m} for i, m in enumerate(metrics)],
     }
     key = f"ccexp-{(parent or 'all')[:12]}"
     client.set_experiment_tag(exp.experiment_id, SHARED_VIEW + key, json.dumps(state))
     return exp.experiment_id, key, metrics
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def default_host() -> str:
+    """Where ``python -m ccexp.ui`` serves: ``::1`` (IPv6 loopback) where this machine has it, else 127.0.0.1.
+    MLflow 3.17 opens its Assistant panel over a third of the page on the first visit to a server it takes for
+    local by name (``localhost``, ``127.0.0.1``; the panel needs an LLM provider set up to answer anything); at
+    ``http://[::1]:<port>`` it stays closed and the comparison has the page's whole width. Either is this
+    machine only."""
+    import socket
+
+    if socket.has_ipv6:
+        try:
+            with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+                s.bind(("::1", 0))
+            return "::1"
+        except OSError:
+            pass
+    return "127.0.0.1"
+
+
+def run_address(host: str, port: int, experiment_id: str, run_id: str, base: str | None = None) -> str:
+    """The UI address of run ``run_id``'s page in the model-training layout (a sweep's parent run: its verdict as
+    the description, each sampler's figures as metrics, the chart ``by_sampler.png`` first among its artifacts)."""
+    root = base.rstrip("/") if base else f"http://{url_host(host)}:{port}"
+    return f"{root}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
 def view_address(host: str, port: int, experiment_id: str, key: str, base: str | None = None) -> str:
     """The UI address of the shared view ``key`` (in the UI's model-training mode, not GenAI), on
     ``http://host:port`` or on the tracking server ``base``."""
-    root = base.rstrip("/") if base else f"http://{host}:{port}"
+    root = base.rstrip("/") if base else f"http://{url_host(host)}:{port}"
     return f"{root}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
 
 
@@ -138,13 +179,22 @@ def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.P
             raise CcexpError(f"mlflow server on {host}:{port} exited with status {proc.returncode}"
                              + (f": {tail[0].strip()}" if tail else "") + "; is the port in use? pass --port")
         try:
-            with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{url_host(host)}:{port}/health", timeout=2) as r:
                 if r.status == 200 and proc.poll() is None:
                     return proc
         except OSError:
             time.sleep(0.5)
     proc.terminate()
     raise CcexpError(f"mlflow server on {host}:{port} did not answer within {wait_s:.0f} s")
+
+
+def _latest_sweep(client, experiment: str) -> str | None:
+    from ccexp.tracking.report import latest_sweep
+
+    try:
+        return latest_sweep(client, experiment)
+    except CcexpError:
+        return None
 
 
 def _port(text: str) -> int:
@@ -169,10 +219,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="any MLflow tracking URI (overrides --store); a server's: the view is opened in its own UI")
     ap.add_argument("--experiment", default="ccexp", help="the MLflow experiment (default ccexp)")
     ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--host", default=None, help="the address to serve on (default ::1 where this machine has IPv6 "
+                                                   "loopback, else 127.0.0.1; 0.0.0.0 serves other machines)")
     ap.add_argument("--port", type=_port, default=5000, help="a TCP port, 1-65535 (default 5000)")
     ap.add_argument("--no-server", action="store_true", help="only write the view and print its address")
     args = ap.parse_args(argv)
+    args.host = args.host or default_host()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped ccexp.ui stops its server too (finally)
     proc = None
     try:
@@ -189,6 +241,12 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
         print(view_address(args.host, args.port, experiment_id, key, store.uri if store.is_server else None),
               flush=True)
+        parent = args.parent or _latest_sweep(read_store(store.uri), args.experiment)
+        if parent is not None:
+            print("ccexp.ui: the sweep's own run (its verdict, each sampler's figures, the chart by_sampler.png):",
+                  flush=True)
+            print(run_address(args.host, args.port, experiment_id, parent, store.uri if store.is_server else None),
+                  flush=True)
         if store.is_server:
             print(f"ccexp.ui: the view is in the tracking server's own UI ({store.uri}); nothing to start", flush=True)
         if proc is not None:

@@ -1,5 +1,10 @@
-"""A screenshot of the MLflow UI for a sweep, in headless Chromium: the view ``python -m ccexp.ui`` prints
-(the sweep's runs grouped by sampler, the headline held-out metrics as columns), as a user opens it.
+"""Screenshots of the MLflow UI for a sweep, in headless Chromium, as ``python -m ccexp.ui`` opens it:
+
+- ``compare_view.png``: the view it prints (the sweep's runs grouped by sampler, the headline metrics first,
+  rounded, with each sampler's difference against the baseline);
+- ``compare_chart.png``: the same view in chart mode (a bar of each headline metric per run);
+- ``sweep_parent.png``: the sweep's parent run (its verdict as the description, each sampler's figures);
+- ``sweep_chart.png``: the parent run's first artifact, ``by_sampler.png`` (the metric by sampler with its CI).
 
 Usage:
     python scripts/mlflow_screenshots.py --store outputs/mlflow.db --out docs/ui [--experiment NAME]
@@ -37,18 +42,29 @@ def main() -> None:
     args = ap.parse_args()
     from mlflow import MlflowClient
 
-    from ccexp.ui import compare_view, serve, view_address
+    from ccexp.tracking.report import latest_sweep
+    from ccexp.ui import compare_view, default_host, run_address, serve, url_host, view_address
 
     args.out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    host = default_host()  # where python -m ccexp.ui serves (MLflow's Assistant panel stays closed there)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         port = s.getsockname()[1]
     uri = f"sqlite:///{args.store.resolve()}"
-    eid, key, _ = compare_view(MlflowClient(uri), args.experiment, args.parent)  # what python -m ccexp.ui writes
-    server = serve(uri, "127.0.0.1", port)
+    client = MlflowClient(uri)
+    eid, key, _ = compare_view(client, args.experiment, args.parent)  # what python -m ccexp.ui writes
+    parent = args.parent or latest_sweep(client, args.experiment)
+    server = serve(uri, host, port)
     try:
-        shoot(view_address("127.0.0.1", port, eid, key), args.out / "compare_view.png", width=1800, height=900)
-        print(f"screenshot: {args.out / 'compare_view.png'}")
+        view = view_address(host, port, eid, key)
+        shots = [(view, "compare_view.png"), (view + "&compareRunsMode=CHART", "compare_chart.png")]
+        if parent:
+            shots.append((run_address(host, port, eid, parent), "sweep_parent.png"))
+            shots.append((f"http://{url_host(host)}:{port}/#/experiments/{eid}/runs/{parent}/artifacts/by_sampler.png"
+                          "?workflowType=machine_learning", "sweep_chart.png"))  # the run's Artifacts tab, opened
+        for url, name in shots:
+            shoot(url, args.out / name, width=1800, height=1000)
+            print(f"screenshot: {args.out / name} ({url})")
     finally:
         server.terminate()
         server.wait(timeout=30)

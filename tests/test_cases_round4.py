@@ -352,9 +352,11 @@ def test_c29_ui_on_a_port_another_server_answers_is_one_line_and_starts_nothing(
     import http.server
     import threading
 
+    import socket
+
     from test_ui import sweep_store
 
-    from ccexp.ui import main
+    from ccexp.ui import default_host, main
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -365,7 +367,10 @@ def test_c29_ui_on_a_port_another_server_answers_is_one_line_and_starts_nothing(
         def log_message(self, *args):
             pass
 
-    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in default_host() else socket.AF_INET
+
+    other = Server((default_host(), 0), Health)  # where ccexp.ui serves by default
     threading.Thread(target=other.serve_forever, daemon=True).start()
     port = other.server_address[1]
     sweep_store(tmp_path)
@@ -378,7 +383,7 @@ def test_c29_ui_on_a_port_another_server_answers_is_one_line_and_starts_nothing(
     captured = capsys.readouterr()
     assert e.value.code == 2 and "MLflow UI running" not in captured.out and "http://" not in captured.out
     errors = [ln for ln in captured.err.splitlines() if ln.startswith("ccexp.ui: error:")]
-    assert errors == [f"ccexp.ui: error: port {port} on 127.0.0.1 is in use (Address already in use): another "
+    assert errors == [f"ccexp.ui: error: port {port} on {default_host()} is in use (Address already in use): another "
                       "server (an earlier ccexp.ui?) listens there; stop it, or pass --port with a free port"]
 
 

@@ -87,6 +87,21 @@ def test_extending_a_finished_two_seed_sweep_to_three_seeds_trains_only_the_new_
     assert len(re.findall(r"embed: .*reused=False", log)) == 0  # every stage from the cache
     report = (sweep / "report" / "report.md").read_text()
     assert ", n=3)" in report.split("## Every metric")[0]  # the verdict pairs all three seeds
+    # the comparison at a glance in MLflow: the parent's chart first, its verdict, each sampler's figures; each
+    # child's rounded headline copies and its difference against random's run of its seed
+    client = MlflowClient(f"sqlite:///{out}/mlflow.db")
+    parent = client.get_run(after[0].data.tags["mlflow.parentRunId"])
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)][0] == "by_sampler.png"
+    assert parent.data.tags["mlflow.note.content"].startswith("**ccexp comparison: 6 runs")
+    assert "verdict against random on macro ppl" in parent.data.tags["mlflow.note.content"]
+    m = parent.data.metrics
+    assert {"random macro ppl", "uniform macro ppl", "uniform macro vs random pct", "uniform macro vs random pct ci"} <= set(m)
+    for r in (client.get_run(r.info.run_id) for r in after):
+        x = r.data.metrics
+        assert x["macro ppl"] == round(x["eval/ppl_macro"], 2) and x["ppl"] == round(x["eval/ppl"], 2)
+        base = next(b for b in after if b.data.tags["sampler"] == "random" and b.data.params["seed"] == r.data.params["seed"])
+        want = 100 * (x["eval/ppl_macro"] / base.data.metrics["eval/ppl_macro"] - 1)
+        assert x["macro vs random pct"] == pytest.approx(want, abs=0.006)
 
 
 # -- the report's verdict -----------------------------------------------------------------------------

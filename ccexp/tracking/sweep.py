@@ -219,7 +219,8 @@ class MlflowSweepCallback(Callback):
             _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
 
     def _report(self, out: Path, options: DictConfig, unfinished: list[str] = ()) -> None:
-        from ccexp.tracking.report import write_report
+        from ccexp.tracking.report import (headline_differences, parent_description, sampler_chart, sampler_summary,
+                                           write_report)
         from ccexp.tracking.server import FallbackClient, unreachable
         from ccexp.tracking.verdict import verdict_lines
 
@@ -235,9 +236,19 @@ class MlflowSweepCallback(Callback):
                         "once it is back: python -m ccexp.report --tracking-uri %s --parent %s --out %s", self.uri, why,
                         self.uri, self.parent_id, out)
             return
+        chart = sampler_chart(out / "by_sampler.png", comparison)  # the parent run's first artifact
+        for path in ([chart] if chart else []):
+            self.client.log_artifact(self.parent_id, str(path))
         for path in files:
             self.client.log_artifact(self.parent_id, str(path), "report")
-        for line in verdict_lines(comparison, *comparison.verdict()):
+        for run_id, values in headline_differences(comparison).items():  # the MLflow view's "vs random pct" columns
+            for key, value in values.items():
+                self.client.log_metric(run_id, key, value)
+        lines = verdict_lines(comparison, *comparison.verdict())
+        for key, value in sampler_summary(comparison).items():  # the parent's Metrics: each sampler at a glance
+            self.client.log_metric(self.parent_id, key, value)
+        self.client.set_tag(self.parent_id, "mlflow.note.content", parent_description(comparison, lines))
+        for line in lines:
             log.info("%s", line)
         for note in comparison.left_out:
             log.warning("report: %s", note)
