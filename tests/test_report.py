@@ -3,11 +3,13 @@ listed, identical streams named, cost kept apart from quality, paired difference
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from ccexp.tracking.report import Comparison
+from ccexp.tracking.verdict import verdict_lines
 
 
 def run(sampler: str, seed: int, metrics: dict, digest: str = ""):
@@ -23,7 +25,8 @@ def test_one_seed_gets_no_interval_and_says_so():
     c = comparison([run("random", 0, {"eval/ppl": 10.0}), run("uniform", 0, {"eval/ppl": 9.0})])
     md = c.markdown()
     assert c.cell("eval/ppl", "uniform") == "9 (1 seed)" and "±" not in md.split("## Every metric")[1].split("## Paired")[0]
-    assert "**unresolved** -10.0% (-1, 1 pair: no interval)" in md and "n/a (needs 2 seeds)" in md  # no CI from one pair
+    assert "**unresolved** -10.0% (-1, 1 pair: no interval)" in md  # no CI from one pair
+    assert "n/a" not in md and "### Next: a second seed" in md and "+sweep=sampler_seeds" in md  # what comes next
     assert math.isnan(c.paired["eval/ppl"]["uniform"]["half"]) and not c.paired["eval/ppl"]["uniform"]["significant"]
     assert "nan" not in md.lower()  # no noise from one seed: said, not printed as nan
 
@@ -64,3 +67,58 @@ def test_identical_streams_are_named_and_cost_is_kept_apart():
     assert "train/tokens_per_s" not in c.metrics and c.cost == ["train/tokens_per_s"]
     md = c.markdown()
     assert md.index("## Cost") > md.index("| eval/ppl |") and "train/tokens_per_s" not in c.paired
+
+
+def test_the_verdict_names_every_label_value_it_cannot_score():
+    """Issue 34: a rare domain with no held-out document vanished from the verdict table without a word."""
+    m = {"eval/ppl": 10.0, "eval/ppl_domain/a": 5.0, "eval/heldout_docs_domain/a": 3.0,
+         "eval/heldout_docs_domain/rare": 0.0, "eval/heldout_docs_domain/gone": 0.0}
+    c = comparison([run("random", 0, m), run("uniform", 0, {**m, "eval/ppl": 9.0})])
+    verdict = c.markdown().split("### Signal")[0]
+    line = next(ln for ln in verdict.splitlines() if ln.startswith("Not scored"))
+    assert "ppl of domain = gone; ppl of domain = rare" in line and "data.heldout_stratify" in line
+    assert "domain = a" not in line  # scored: it has its verdict row
+    assert "| ppl of domain = a |" in verdict
+    nothing = comparison([run("random", 0, {"eval/ppl": 10.0}), run("uniform", 0, {"eval/ppl": 9.0})])
+    assert "Not scored" not in nothing.markdown()
+
+
+def test_a_one_seed_sweep_gives_the_command_that_adds_a_second_seed_and_no_table_of_na():
+    labels = {f"eval/ppl_domain/d{i}": 10.0 + i for i in range(20)}  # many rows: none repeats "n/a" per sampler
+    runs = [run(s, 0, {"eval/ppl": 10.0 + (s == "uniform"), "eval/ppl_macro": 11.0, **labels})
+            for s in ("random", "uniform", "clusterclip")]
+    c = Comparison.of(runs, title="t", group_by="sampler", baseline="random", require_baseline=False,
+                      sweep_dir=Path("/sweeps/smoke"), task_overrides=["+recipe=smoke", "data.path=my.jsonl"])
+    rows, command = c.verdict()
+    assert command.endswith("-m ccexp -m +recipe=smoke data.path=my.jsonl seed=0,1 hydra.sweep.dir=/sweeps/smoke")
+    md = c.markdown()
+    assert md.count(command) == 1 and "n/a" not in md and "Signal, noise" not in md
+    lines = verdict_lines(c, rows, command)
+    assert lines[-1] == f"  one seed decides nothing; add a second: {command}"
+
+
+def test_a_curve_still_moving_at_the_end_is_named_from_the_real_store(tmp_path):
+    """random's held-out macro ppl rises 30 % over the last fifth of its tokens, uniform's falls 1 % (under the
+    report's 2 %): the report and the sweep's last lines name random only, with its change and its tokens."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    from ccexp.tracking.report import write_report
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("ccexp")
+    curves = {"random": [100.0, 60.0, 55.0, 50.0, 65.0], "uniform": [100.0, 60.0, 55.0, 50.0, 49.5]}
+    for seed in (0, 1):
+        for sampler, curve in curves.items():
+            r = client.create_run(exp, run_name=f"{sampler}-s{seed}", tags={"sampler": sampler})
+            client.log_param(r.info.run_id, "seed", seed)
+            client.log_batch(r.info.run_id, metrics=[Metric("curve/ppl_macro", v * (1 + seed / 100), 0, 200_000 * i)
+                                                     for i, v in enumerate(curve)]
+                             + [Metric("eval/ppl_macro", curve[-1] + seed, 0, 0), Metric("train/tokens", 8e5, 0, 0)])
+            client.set_terminated(r.info.run_id)
+    files, c = write_report(client, out_dir=tmp_path / "report")
+    assert list(c.moving) == ["random"] and c.moving["random"] == (pytest.approx(65 / 50 - 1), 600_000, 800_000)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "still moving when training stopped" in md and "random +30% (0.60M → 0.80M tokens)" in md
+    assert "uniform -" not in md.split("still moving")[1].split("\n")[0] and "Rising (random)" in md
+    assert any("random +30% over the last 20% of the tokens" in line for line in verdict_lines(c, *c.verdict()))

@@ -126,6 +126,7 @@ class Comparison:
     task_overrides: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)  # "#<job> (<overrides>): <status>: <line>" of the sweep
     left_out: list[str] = field(default_factory=list)  # the note on runs of other settings, when there were some
+    moving: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # still_moving's, per group
 
     @classmethod
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,
@@ -176,10 +177,10 @@ class Comparison:
         mean, half = self.table[m][g]
         n = sum(m in r.data.metrics for r in self.groups[g])
         if math.isnan(mean):
-            return "no held-out documents" if self._no_documents(m, g) else "—"
+            return "no held-out documents" if self.no_documents(m, g) else "—"
         return f"{mean:.4g} ± {half:.2g} (n={n})" if n >= 2 else f"{mean:.4g} (1 seed)"
 
-    def _no_documents(self, m: str, g: str) -> bool:
+    def no_documents(self, m: str, g: str) -> bool:
         """True when ``m`` is a per-label perplexity and the group's runs had no held-out document of that value."""
         head, _, name = m.rpartition("/")
         if not head.startswith("eval/ppl_"):
@@ -201,7 +202,10 @@ class Comparison:
 
         rows = verdict_rows(self, self.min_effect, self.power)
         seeds = sorted({s for g in self.groups for s in self.seeds(g)})
-        return rows, extend_command(self.sweep_dir, self.task_overrides, seeds, seeds_wanted(rows))
+        wanted = seeds_wanted(rows)
+        if wanted is None and rows and all(r.n < 2 for r in rows):
+            wanted = 2  # one seed: no noise to size the sweep with yet; a second seed measures it
+        return rows, extend_command(self.sweep_dir, self.task_overrides, seeds, wanted)
 
     def markdown(self) -> str:
         from ccexp.tracking.verdict import verdict_markdown
@@ -429,6 +433,8 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
                         + (" (runs of other settings left out: see the note)" if comparison.left_out else ""))
     comparison.notes += context.get("notes", [])
     comparison.unfinished = list(unfinished or [])
+    histories = curve_histories(client, comparison.groups)
+    comparison.moving = still_moving(histories, min_effect)
     import os
     import shutil
 
@@ -440,7 +446,7 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
         (tmp / "report.html").write_text(comparison.html())
         comparison.write_csv(tmp, group_by)
         _plot(tmp / "comparison.png", comparison, [m for m in HEADLINE if m in comparison.table] or comparison.metrics[:4])
-        curves_plot(client, comparison.groups, tmp / "curves.png", comparison.title)
+        curves_plot(histories, comparison.groups, tmp / "curves.png", comparison.title)
         files = [out_dir / name for name in ("report.md", "report.html", "comparison.csv", "paired.csv",
                                              "comparison.png", "curves.png") if (tmp / name).is_file()]
         for f in files:
@@ -450,36 +456,77 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     return files, comparison
 
 
-def curves_plot(client, groups: dict[str, list], path: Path, title: str) -> Path | None:
-    """The held-out curves (``curve/ppl``, ``curve/ppl_macro``, ``curve/ppl_worst`` against tokens trained),
-    one line per group — the mean over its runs, with the min-max band — or None when no run has a curve."""
+CURVE_PANELS = [("curve/ppl", "all tokens"), ("curve/ppl_macro", "macro over clusters"),
+                ("curve/ppl_worst", "worst cluster")]
+
+
+def curve_histories(client, groups: dict[str, list]) -> dict[tuple[str, str], list[dict[int, float]]]:
+    """{(group, curve metric): one {tokens trained: value} per run} for the curves of ``CURVE_PANELS``."""
+    return {(g, m): [{p.step: p.value for p in client.get_metric_history(r.info.run_id, m)} for r in runs]
+            for g, runs in groups.items() for m, _ in CURVE_PANELS if hasattr(runs[0], "info")}
+
+
+def mean_curve(histories: dict, g: str, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens trained int64[n], the runs' values float64[runs, n], their mean float64[n]) of group ``g``'s curve
+    at the points every run has; empty arrays when it has none."""
+    series = [h for h in histories.get((g, metric), []) if h]
+    steps = sorted(set.intersection(*(set(h) for h in series))) if series else []
+    values = np.array([[h[t] for t in steps] for h in series], dtype=np.float64).reshape(len(series), len(steps))
+    return np.array(steps, dtype=np.int64), values, values.mean(axis=0) if steps else np.zeros(0)
+
+
+def still_moving(histories: dict, min_change: float, metric: str = "curve/ppl_macro"
+                 ) -> dict[str, tuple[float, float, float]]:
+    """The groups whose held-out curve (``metric``, the mean over their runs) still changed by more than
+    ``min_change`` (a share, the report's ``min_effect``) over the last ``MOVING_TAIL`` of the tokens
+    trained: {group: (relative change, tokens at the earlier point, tokens at the last)}. Such a verdict
+    holds where training stopped, not beyond it. The earlier point is the curve's last at or before
+    ``1 - MOVING_TAIL`` of the tokens; groups whose curve has none within ``2 * MOVING_TAIL`` of the end (a
+    coarse ``eval.every_n_steps``) are left out."""
+    from ccexp.tracking.verdict import MOVING_TAIL
+
+    out = {}
+    for g in dict.fromkeys(k[0] for k in histories):
+        tokens, _, mean = mean_curve(histories, g, metric)
+        if tokens.size < 2:
+            continue
+        earlier = np.flatnonzero(tokens <= tokens[-1] * (1 - MOVING_TAIL))
+        if earlier.size == 0 or tokens[earlier[-1]] < tokens[-1] * (1 - 2 * MOVING_TAIL):
+            continue  # no curve point in the last two fifths but the end: too coarse to tell
+        i = int(earlier[-1])
+        change = float(mean[-1] / mean[i] - 1)
+        if abs(change) > min_change:
+            out[g] = (change, float(tokens[i]), float(tokens[-1]))
+    return out
+
+
+def curves_plot(histories: dict, groups: dict[str, list], path: Path, title: str) -> Path | None:
+    """The held-out curves (``curve/ppl``, ``curve/ppl_macro``, ``curve/ppl_worst`` against tokens trained,
+    from [`curve_histories`][ccexp.tracking.report.curve_histories]), one line per group — the mean over its
+    runs, with the min-max band — or None when no run has a curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("curve/ppl", "all tokens"), ("curve/ppl_macro", "macro over clusters"), ("curve/ppl_worst", "worst cluster")]
-    histories = {(g, m): [{p.step: p.value for p in client.get_metric_history(r.info.run_id, m)} for r in runs]
-                 for g, runs in groups.items() for m, _ in panels if hasattr(runs[0], "info")}
+    panels = CURVE_PANELS
     if not any(h for hs in histories.values() for h in hs):
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(15, 4.2))
     for ax, (metric, label) in zip(axes, panels):
         for i, g in enumerate(groups):
-            series = [h for h in histories.get((g, metric), []) if h]
-            steps = sorted(set.intersection(*(set(h) for h in series))) if series else []
-            if not steps:
+            steps, values, mean = mean_curve(histories, g, metric)
+            if not steps.size:
                 continue
-            values = np.array([[h[t] for t in steps] for h in series])
-            x = np.array(steps) / 1e6
-            ax.plot(x, values.mean(axis=0), color=f"C{i}", label=f"{g} (mean of {len(series)} run(s))",
+            x = steps / 1e6
+            ax.plot(x, mean, color=f"C{i}", label=f"{g} (mean of {len(values)} run(s))",
                     ls=("-", "--", ":", "-.")[i % 4], marker=("o", "x", "+", "^", "s")[i % 5], ms=4, mfc="none")
             # (line styles and markers: samplers whose curves coincide stay visible)
-            if len(series) > 1:
+            if len(values) > 1:
                 ax.fill_between(x, values.min(axis=0), values.max(axis=0), color=f"C{i}", alpha=0.15)
         ax.set(xlabel="tokens trained (millions)", ylabel="held-out perplexity (fixed sample)", yscale="log", title=label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    next((ax for ax in axes if ax.lines), axes[0]).legend(fontsize=8)
     fig.suptitle(f"{title}: held-out perplexity during training (band: min-max over runs)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -512,6 +559,104 @@ def _plot(path: Path, comparison: "Comparison", metrics: list[str]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def headline_differences(comparison: "Comparison") -> dict[str, dict[str, float]]:
+    """Per run id: each headline perplexity's difference against the baseline's run of the same seed, in per cent
+    of it (2 decimals), under [`DIFFERENCE_KEYS`][ccexp.evaluation.heldout.DIFFERENCE_KEYS] (``macro vs random pct``); the
+    baseline's own runs get 0. What the MLflow view
+    shows beside each headline column, and averages per sampler in its grouped rows. Runs without a baseline run
+    of their seed get none."""
+    from ccexp.evaluation.heldout import DIFFERENCE_KEYS
+
+    base = {r.data.params.get("seed"): r for r in comparison.groups.get(comparison.baseline, [])}
+    out: dict[str, dict[str, float]] = {}
+    for runs in comparison.groups.values():
+        for r in runs:
+            b = base.get(r.data.params.get("seed"))
+            if b is None:
+                continue
+            for name in ("ppl_macro", "ppl"):
+                mine, theirs = r.data.metrics.get(f"eval/{name}"), b.data.metrics.get(f"eval/{name}")
+                if mine is not None and theirs:
+                    key = DIFFERENCE_KEYS[name].format(baseline=comparison.baseline)
+                    out.setdefault(r.info.run_id, {})[key] = round(100.0 * (mine - theirs) / theirs, 2)
+    return out
+
+
+def sampler_summary(comparison: "Comparison", metric: str = "eval/ppl_macro") -> dict[str, float]:
+    """The sweep's parent run's metrics, each sampler at a glance: ``<sampler> macro ppl`` (the mean over its
+    seeds) and, for each sampler paired with the baseline, ``<sampler> macro vs <baseline> pct`` and its 95 %
+    CI half-width ``... pct ci`` (per cent of the baseline's mean over the pairs; 2 decimals; no ``ci`` from one
+    pair)."""
+    out: dict[str, float] = {}
+    for g in comparison.groups:
+        mean = comparison.table.get(metric, {}).get(g, (math.nan,))[0]
+        if not math.isnan(mean):
+            out[f"{g} macro ppl"] = round(mean, 2)
+        d = comparison.paired.get(metric, {}).get(g)
+        if d is not None and d["baseline_mean"]:
+            out[f"{g} macro vs {comparison.baseline} pct"] = round(100 * d["mean"] / d["baseline_mean"], 2)
+            if not math.isnan(d["half"]):
+                out[f"{g} macro vs {comparison.baseline} pct ci"] = round(100 * d["half"] / d["baseline_mean"], 2)
+    return out
+
+
+def parent_description(comparison: "Comparison", verdict: list[str]) -> str:
+    """The sweep's parent run's description (MLflow renders it as Markdown on the run's page): the verdict lines
+    the sweep printed, and where the chart and the report are."""
+    body = [f"**{comparison.title}**", ""]
+    if verdict:
+        body += [verdict[0], ""] + [f"- {line.strip()}" for line in verdict[1:]] + [""]
+    body += [f"Chart: the artifact `by_sampler.png` (each sampler's macro perplexity, and its paired difference "
+             f"against {comparison.baseline}, 95 % CI). The whole report: `report/report.html`. "
+             "Metrics: each sampler's mean and its difference against the baseline."]
+    return "\n".join(body)
+
+
+def sampler_chart(path: Path, comparison: "Comparison", metric: str = "eval/ppl_macro") -> Path | None:
+    """The comparison at a glance: ``metric`` by sampler (mean, 95 % CI whiskers from 2 seeds on) and each
+    sampler's paired difference against the baseline in per cent (mean, 95 % CI over the seed pairs), the
+    verdict written on each bar. None when no run has ``metric``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ccexp.tracking.verdict import HEADLINE_NAMES
+
+    if metric not in comparison.table:
+        return None
+    names = list(comparison.groups)
+    means = [comparison.table[metric][g][0] for g in names]
+    halves = [comparison.table[metric][g][1] for g in names]
+    others = [g for g in comparison.others if g in comparison.paired.get(metric, {})]
+    fig, axes = plt.subplots(1, 2 if others else 1, figsize=(11 if others else 5.5, 3.8), squeeze=False)
+    ax = axes[0][0]
+    ax.bar(names, means, yerr=None if all(math.isnan(h) for h in halves) else halves, capsize=5,
+           color=[f"C{i}" for i in range(len(names))])
+    ax.set(title=HEADLINE_NAMES.get(metric, metric), ylabel="held-out perplexity (lower is better)")
+    ax.tick_params(axis="x", rotation=20)
+    if others:
+        ax = axes[0][1]
+        rel = [comparison.paired[metric][g] for g in others]
+        pct = [100 * d["mean"] / d["baseline_mean"] for d in rel]
+        err = [100 * d["half"] / d["baseline_mean"] for d in rel]
+        ax.bar(others, pct, yerr=None if all(math.isnan(e) for e in err) else err, capsize=5,
+               color=[f"C{names.index(g)}" for g in others])
+        ax.axhline(0, color="black", lw=0.8)
+        words = ["better" if d["significant"] and d["mean"] < 0 else "worse" if d["significant"] else "unresolved"
+                 for d in rel]  # the verdict under each bar's name, clear of its whisker
+        ax.set_xticks(range(len(others)), [f"{g}\n{w} (n={d['n']})" for g, w, d in zip(others, words, rel)])
+        ax.set(title=f"paired difference against {comparison.baseline}",
+               ylabel=f"% of {comparison.baseline}'s (negative is better)")
+    seeds = sorted({len({r.data.params.get("seed") for r in rs}) for rs in comparison.groups.values()})
+    fig.suptitle(f"{comparison.title}: mean ± 95 % CI over " + (f"{seeds[0]} seeds" if len(seeds) == 1 else
+                 f"{seeds[0]}–{seeds[-1]} seeds") + (" (1 seed: no interval)" if seeds[-1] < 2 else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def store_uri(store: str | None, tracking_uri: str | None = None) -> str:

@@ -22,6 +22,7 @@ HEADLINE_NAMES = {"eval/ppl": "overall ppl", "eval/ppl_macro": "macro ppl (clust
                   "eval/ppl_common": "commonest-quintile ppl", "eval/bpb": "bits per byte",
                   "eval/bpb_macro": "macro bits per byte"}
 PRIMARY = "eval/ppl_macro"  # the metric the extension command sizes the sweep for
+MOVING_TAIL = 0.2  # a held-out curve still moving over this last share of the tokens trained is named (still_moving)
 
 
 @dataclass
@@ -78,6 +79,47 @@ def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> li
     return rows
 
 
+def not_scored(comparison) -> list[str]:
+    """Lines naming every label value the verdict cannot score (no held-out document in any run), so none is
+    dropped without a word; [] when every value was scored."""
+    gone = [m for m in verdict_metrics(comparison.metrics) if m not in HEADLINE_NAMES
+            and all(comparison.no_documents(m, g) for g in comparison.groups)]
+    if not gone:
+        return []
+    return ["", "Not scored (no held-out document of the value in any run, so no perplexity): "
+            + "; ".join(metric_name(m) for m in gone) + ". With `data.heldout_stratify=<label>` every value keeps up "
+            "to `data.heldout_min_per_value` held-out documents (at most half of its documents); a value with one "
+            "document cannot be held out."]
+
+
+def moving_note(comparison) -> list[str]:
+    """A paragraph when held-out perplexity was still moving at the end of training
+    ([`still_moving`][ccexp.tracking.report.still_moving]): the verdict is of where training stopped."""
+    moving = getattr(comparison, "moving", {})
+    if not moving:
+        return []
+    parts = [f"{g} {change:+.0%} ({a / 1e6:.2f}M → {b / 1e6:.2f}M tokens)" for g, (change, a, b) in moving.items()]
+    rising = [g for g, (change, _, _) in moving.items() if change > 0]
+    return ["", f"**Held-out perplexity was still moving when training stopped** (macro ppl of the held-out curve over "
+            f"the last {MOVING_TAIL:.0%} of the tokens trained, mean over seeds): " + "; ".join(parts) + ". The verdict "
+            "is of the point where training stopped; at another `train.steps` the samplers may order differently "
+            "(`curves.png`)." + (f" Rising ({', '.join(rising)}): the last tokens trained made held-out text less "
+                                 "likely." if rising else "")]
+
+
+def next_seed(comparison, command: str | None) -> list[str]:
+    """What a one-seed comparison says in place of the seeds-needed table: why there is no verdict yet, the
+    command that adds a second seed to the same sweep, and the decision sweep."""
+    how = (f"Add a second seed to this same sweep (finished jobs and cached stages are reused):\n\n```bash\n{command}\n```"
+           if command else "Run every sampler again with `seed=1` (the same data and settings).")
+    return ["", "### Next: a second seed", "",
+            "One seed per sampler: each difference above is a single pair, with no interval and no measure of "
+            "seed-to-seed noise, so none of them is a verdict yet (an unresolved row may be all noise, a large one "
+            "too). With two seeds this section gives the noise and the seeds a decision needs. " + how, "",
+            "The decision study is `+sweep=sampler_seeds` (random, uniform and ClusterClip × 3 seeds, with lm-eval; "
+            "docs/comparisons.md): its report sizes the seeds that decide your corpus's comparison."]
+
+
 def metric_name(m: str) -> str:
     """A metric as the verdict names it: ``overall ppl``, ``ppl of domain = code.go``, ..."""
     if m in HEADLINE_NAMES:
@@ -104,7 +146,8 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
     samplers = [g for g in comparison.others if any(r.sampler == g for r in rows)]
     if not rows:
         return [f"## Verdict against {base}", "", "No sampler has a run paired with the baseline's (same seed): "
-                f"nothing to decide. Run {base} and the other samplers with the same seeds.", ""]
+                f"nothing to decide. Run {base} and the other samplers with the same seeds.", *not_scored(comparison),
+                ""]
     by = {(r.metric, r.sampler): r for r in rows}
     metrics = list(dict.fromkeys(r.metric for r in rows))
     md = [f"## Verdict against {base}", "",
@@ -119,6 +162,9 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
         first = next(r for r in rows if r.metric == m)
         cells = [f"**{by[m, g].verdict}** {_diff(by[m, g])}" if (m, g) in by else "—" for g in samplers]
         md.append(f"| {metric_name(m)} | {first.baseline_mean:.4g} | " + " | ".join(cells) + " |")
+    md += not_scored(comparison) + moving_note(comparison)
+    if all(r.n < 2 for r in rows):  # one seed: a section of n/a would say nothing; say what comes next
+        return md + next_seed(comparison, command) + [""]
     md += ["", "### Signal, noise and seeds needed", "",
            "Noise: the seed-to-seed standard deviation within a sampler, pooled; signal: the spread between the "
            "samplers' means (Heineman et al. 2025, \"Signal and Noise\"); both as a share of the mean. Seeds needed "
@@ -190,6 +236,13 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
         need = "" if r.verdict in ("better", "worse", "identical stream") else \
             f"; about {_seeds(r.seeds_observed)} seeds would resolve it" if r.seeds_observed else ""
         out.append(f"  {r.sampler}: {r.verdict}, {_diff(r)}{need}")
-    if command:
+    moving = getattr(comparison, "moving", {})
+    if moving:
+        out.append("  held-out ppl was still moving when training stopped (" + ", ".join(
+            f"{g} {change:+.0%}" for g, (change, _, _) in moving.items()) + f" over the last {MOVING_TAIL:.0%} of the tokens): the "
+            "verdict depends on where training stopped")
+    if command and seeds < 2:
+        out.append(f"  one seed decides nothing; add a second: {command}")
+    elif command:
         out.append(f"  add the seeds that detect {comparison.min_effect:.0%} (report.min_effect): {command}")
     return out
