@@ -94,7 +94,7 @@ def not_scored(comparison) -> list[str]:
 
 def moving_note(comparison) -> list[str]:
     """A paragraph when held-out perplexity was still moving at the end of training
-    ([`still_moving`][ccexp.tracking.report.still_moving]): the verdict is of where training stopped."""
+    (`ccexp.tracking.report.still_moving`): the verdict is of where training stopped."""
     moving = getattr(comparison, "moving", {})
     if not moving:
         return []
