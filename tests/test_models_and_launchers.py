@@ -476,3 +476,25 @@ def test_cluster_sft_runs_cluster_end_to_end_with_smollm2_on_cpu(tmp_path, share
     # both clusters get rows of every step; the response tokens trained in them add up to train/tokens
     sampler_tokens = [m[f"sampler/tokens/{c:04d}"] for c in range(2)]
     assert min(sampler_tokens) > 0 and sum(sampler_tokens) == m["train/tokens"]
+
+
+def test_gradient_clipping_under_fsdp_uses_the_sharded_modules_own_norm_and_lightnings_elsewhere():
+    """Lightning 2.6's FSDP precision plugin refuses gradient_clip_algorithm='norm' (measured on an H200,
+    docs/gpu/): under a strategy whose wrapped model has clip_grad_norm_ (FSDP's), ccexp clips with it."""
+    from types import SimpleNamespace
+
+    from ccexp.training.module import CausalLMModule
+
+    module = CausalLMModule(torch.nn.Linear(2, 2), 2, lr=1e-3, weight_decay=0.0, warmup_steps=0, total_steps=1)
+    sharded_calls, lightning_calls = [], []
+    module.clip_gradients = lambda optimizer, gradient_clip_val=None, gradient_clip_algorithm=None: \
+        lightning_calls.append((gradient_clip_val, gradient_clip_algorithm))  # Lightning's own clipping, recorded
+    sharded = SimpleNamespace(clip_grad_norm_=sharded_calls.append)
+    module._trainer = SimpleNamespace(strategy=SimpleNamespace(model=sharded))
+    module.configure_gradient_clipping(None, 1.0, "norm")
+    module.configure_gradient_clipping(None, 0.5, None)
+    module.configure_gradient_clipping(None, 0.5, "value")  # clipping by value: Lightning's (FSDP takes it)
+    assert sharded_calls == [1.0, 0.5] and lightning_calls == [(0.5, "value")]
+    module._trainer = SimpleNamespace(strategy=SimpleNamespace(model=torch.nn.Linear(2, 2)))  # not sharded
+    module.configure_gradient_clipping(None, 1.0, "norm")
+    assert sharded_calls == [1.0, 0.5] and lightning_calls == [(0.5, "value"), (1.0, "norm")]

@@ -176,6 +176,17 @@ class CausalLMModule(L.LightningModule):
         """Target tokens trained on so far, all ranks together."""
         return int(self.cluster_tokens.sum())
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip the gradient norm to ``trainer.gradient_clip_val`` (``None``: off). Under FSDP the norm is the
+        sharded module's own ``clip_grad_norm_`` (the norm over every rank's shards): Lightning's FSDP precision
+        plugin refuses ``gradient_clip_algorithm='norm'`` (MisconfigurationException, seen on an H200 with
+        Lightning 2.6.6); elsewhere Lightning's own clipping."""
+        sharded = getattr(getattr(self.trainer, "strategy", None), "model", None)
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and hasattr(sharded, "clip_grad_norm_"):
+            sharded.clip_grad_norm_(float(gradient_clip_val))
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self):
         decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.ndim < 2]
