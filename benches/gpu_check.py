@@ -14,9 +14,10 @@ installs nothing).
   d. MiniLM embedding throughput (SentenceEmbedder on cuda) on the builtin corpus's texts, with their
      token-length percentiles, against the anchor of ~870 docs/s per GPU.
   e. ``trainer=ddp`` with 2 processes when there are 2 GPUs (else a line saying why not).
-  f. several runs per GPU (issue 33): the default job's tiny_gpt on ``trainer=gpu``, N = 1, 4 and 8
-     processes started together on the one device; runs per hour (start to the last one's end) and the
-     summed steady tokens/s, each against N = 1 in the same call.
+  f. several runs per GPU (issue 33): the default job's tiny_gpt on ``trainer=gpu``, one sweep of N seeds
+     through ``hydra/launcher=packed hydra.launcher.runs_per_device=N`` (N = 1, 4, 8 runs at once on the one
+     device, the cores split between them); runs per hour (the sweep's start to its end) and the summed
+     steady tokens/s, each against N = 1 in the same call.
 
 On a machine where a dependency cannot be installed (the lent device machine reaches no package index:
 its image has torch, Lightning, transformers and sentence-transformers, and hydra-core, omegaconf and the
@@ -53,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 CHECKS = ("a", "b", "c", "d", "e", "f")
-BUDGET_S = {"a": 330, "b": 150, "c": 150, "d": 90, "e": 120, "f": 240}  # caps per check, child process included
+BUDGET_S = {"a": 330, "b": 150, "c": 150, "d": 90, "e": 120, "f": 300}  # caps per check, child process included
 TITLES = {"a": "FSDP at ~1B parameters (llama2_7b architecture, reduced depth), 1 GPU",
           "b": "plain training on the GPU vs a plain PyTorch loop",
           "c": "FAISS k-means on the GPU vs the CPU, 1M x 384, K = 10,000",
@@ -611,56 +612,44 @@ def check_e(work: Path) -> dict:
 
 
 def plan_f(work: Path) -> dict:
-    def cmd(n: int, i: int) -> list[str]:
-        return ccexp_cmd(["trainer=gpu", *grouping(), f"train.steps={PACK_STEPS}", "train.log_every_n_steps=100",
-                          "eval.every_n_steps=null", "logger=none", "trainer.enable_progress_bar=false",
-                          "trainer.threads=1", f"seed={i}",
-                          f"paths.cache={work / 'cache'}", f"paths.outputs={work / 'outputs'}",
-                          f"hydra.run.dir={work / 'f' / f'n{n}' / f'run{i}'}"])
-    return {"commands": {f"n{n}": [cmd(n, i) for i in range(n)] for n in PACK_N}, "cmd": cmd,
+    common = ["trainer=gpu", *grouping(), f"train.steps={PACK_STEPS}", "train.log_every_n_steps=100",
+              "eval.every_n_steps=null", "logger=none", "trainer.enable_progress_bar=false",
+              f"paths.cache={work / 'cache'}", f"paths.outputs={work / 'outputs'}"]
+
+    def cmd(n: int) -> list[str]:  # one sweep of N seeds through hydra/launcher=packed, N runs on the one GPU
+        return ccexp_cmd(["-m", "hydra/launcher=packed", f"hydra.launcher.runs_per_device={n}",
+                          f"seed={','.join(map(str, range(n)))}", *common, f"hydra.sweep.dir={work / 'f' / f'n{n}'}"])
+    warm = ccexp_cmd([*common, f"hydra.run.dir={work / 'f' / 'warm'}", "train.steps=10"])
+    return {"commands": {f"n{n}": cmd(n) for n in PACK_N}, "cmd": cmd, "warm": warm,
             "settings": f"the default job (tiny_gpt, 16 rows x 128 tokens per step) on trainer=gpu, {PACK_STEPS} "
-                        f"steps, seeds 0..N-1, N = {', '.join(map(str, PACK_N))} processes started together on "
-                        "one GPU (trainer.threads=1 each); the stage cache is warmed by one run first",
+                        f"steps, one sweep of seeds 0..N-1 through hydra/launcher=packed with runs_per_device=N "
+                        f"(N = {', '.join(map(str, PACK_N))}: N runs at once on the one GPU, the cores split "
+                        "between them); the stage cache is warmed by one run first",
             "goals": "runs per hour and summed tokens/s at N against N = 1 (no goal: the figure for issue 33)"}
 
 
 def check_f(work: Path) -> dict:
     p = plan_f(work)
     res: dict = {"settings": p["settings"], "by_n": {}}
-    rc, out = run_logged(p["cmd"](0, 0)[:-1] + [f"hydra.run.dir={work / 'f' / 'warm'}", "train.steps=10"],
-                         work / "f" / "warm.log", 90)
+    rc, out = run_logged(p["warm"], work / "f" / "warm.log", 90)
     if rc != 0:
         return {"passed": False, "error": "warm-up run failed: " + tail(out)}
     for n in PACK_N:
         t0 = time.perf_counter()
-        logs = [work / "f" / f"n{n}" / f"run{i}.log" for i in range(n)]
-        procs = []
-        for i, c in enumerate(p["commands"][f"n{n}"]):
-            logs[i].parent.mkdir(parents=True, exist_ok=True)
-            f = open(logs[i], "w")
-            env = {**os.environ, "PYTHONWARNINGS": "ignore",
-                   "PYTHONPATH": f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", "")}
-            procs.append((subprocess.Popen(c, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True), f))
-        rcs = []
-        for proc, f in procs:
-            try:
-                rcs.append(proc.wait(timeout=max(1.0, 110 - (time.perf_counter() - t0))))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rcs.append(124)
-            f.close()
+        rc, out = run_logged(p["commands"][f"n{n}"], work / "f" / f"n{n}.log", 100)
         wall = time.perf_counter() - t0
+        logs = sorted((work / "f" / f"n{n}").glob("*/ccexp.log"))
         rates = [steady_rate(steps_of(log.read_text(errors="replace")), 100) for log in logs]
-        row = {"n": n, "exit_codes": rcs, "wall_s": round(wall, 1), "runs_per_hour": n * 3600 / wall,
-               "tokens_per_s_each": rates,
-               "tokens_per_s_sum": sum(r for r in rates if r) if all(rates) else None}
+        row = {"n": n, "exit_code": rc, "jobs": len(logs), "wall_s": round(wall, 1), "runs_per_hour": n * 3600 / wall,
+               "tokens_per_s_each": rates, "packing": next((ln.split("] ")[-1] for ln in out.splitlines()
+                                                            if "packed: " in ln), None),
+               "tokens_per_s_sum": sum(r for r in rates if r) if rates and all(rates) else None}
         res["by_n"][n] = row
         figure("f", f"n{n}.runs_per_hour", row["runs_per_hour"], f"runs/h ({n} together, {wall:.0f} s start to end)")
         if row["tokens_per_s_sum"]:
             figure("f", f"n{n}.tokens_per_s_sum", row["tokens_per_s_sum"], "tokens/s (steady, summed over the runs)")
-        if any(rcs):
-            res["error"] = f"N={n}: exit codes {rcs}: " + tail(logs[rcs.index(next(r for r in rcs if r))].read_text())
+        if rc != 0:
+            res["error"] = f"N={n}: exit code {rc}: " + tail(out)
             break
     one = res["by_n"].get(1, {})
     for n, row in res["by_n"].items():

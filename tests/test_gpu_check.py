@@ -104,11 +104,12 @@ def test_every_ccexp_command_of_the_checks_composes_and_passes_the_key_checks(tm
     g = gpu_check()
     commands = [cmd for c in g.CHECKS for cmd in g.PLANS[c](tmp_path).get("commands", {}).values()]
     commands = [one for cmd in commands for one in (cmd if isinstance(cmd[0], list) else [cmd])]
-    assert len(commands) == 6 + sum(g.PACK_N)
+    assert len(commands) == 6 + len(g.PACK_N)  # check f: one packed sweep per N
     for cmd in commands:
         overrides = cmd[cmd.index("--") + 1:] if "--_probe" in cmd else cmd[cmd.index("ccexp") + 1:] \
             if "ccexp" in cmd else cmd[cmd.index("--gpu-gb") + 2:]
-        overrides = [o for o in overrides if not o.startswith("hydra.")]
+        overrides = [o for o in overrides if not o.startswith(("hydra.", "hydra/", "-m"))]  # a sweep: its first job
+        overrides = [o.split(",")[0] if o.startswith("seed=") else o for o in overrides]
         cfg = config.compose(overrides)
         preflight._check_keys_and_bounds(cfg, config.RootConfig, "")
 

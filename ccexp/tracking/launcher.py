@@ -246,3 +246,4 @@ def end_job(stop) -> None:
         except Exception as e:  # not requeued: it timed out max_num_timeout times, or the call cannot be resubmitted
             log.warning("ccexp: the job is not requeued: %s", e)
     raise SystemExit(stop.exit_code)
+

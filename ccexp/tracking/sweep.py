@@ -113,13 +113,7 @@ class MlflowSweepCallback(Callback):
                                    lambda overrides: compose(config_name="config", overrides=overrides))
             except CcexpError as e:
                 raise Refused(str(e)) from None
-        target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
-        if target.endswith("SlurmLauncher"):
-            import shutil
-
-            if shutil.which("sbatch") is None:
-                raise Refused("hydra/launcher=slurm submits jobs with sbatch, which is not on this machine; run the "
-                              "sweep from a Slurm login node, or try it here with hydra/launcher=local")
+        check_launcher(config)
         if config.logger.enabled:  # the parent's store, said and (a server) asked before any stage or job
             from ccexp.tracking.mlflow_run import check_store
 
@@ -144,9 +138,33 @@ class MlflowSweepCallback(Callback):
         from ccexp.tracking.mlflow_run import PARENT_ENV
 
         self.uri, self.client, self.parent_id = self._parent_run(config, sweep_dir)
+        cost = self._cost(config, duplicates)
+        if cost:
+            log.info("%s", cost)
+            self.client.set_tag(self.parent_id, "ccexp.cost", cost[:5000])
         self.client.set_tag(self.parent_id, "ccexp.duplicates", json.dumps(
             [{k: d[k] for k in ("job", "sampler", "seed", "same_as", "same_as_job")} for d in duplicates])[:5000])
         os.environ[PARENT_ENV] = self.parent_id
+
+    def _cost(self, config: DictConfig, duplicates: list[dict]) -> str | None:
+        """The sweep's cost before it starts ([`sweep_cost`][ccexp.tracking.budget.sweep_cost]), from the
+        store's earlier runs of the same model; None for a sweeper whose jobs are not known in advance."""
+        from hydra import compose
+
+        from ccexp.tracking.arms import job_overrides
+        from ccexp.tracking.budget import sweep_cost
+
+        jobs = job_overrides(config)
+        if jobs is None:
+            return None
+        skipped = {d["job"] for d in duplicates} if OmegaConf.select(config, "report.skip_duplicates",
+                                                                      default=True) else set()
+        configs = [compose(config_name="config", overrides=o) for i, o in enumerate(jobs) if i not in skipped]
+        exp = self.client.get_experiment_by_name(config.logger.experiment)
+        earlier = [] if exp is None else self.client.search_runs(
+            [exp.experiment_id], "attributes.status = 'FINISHED'", max_results=200,
+            order_by=["attributes.start_time DESC"])
+        return sweep_cost(configs, earlier)
 
     @staticmethod
     def _parent_run(config: DictConfig, sweep_dir: Path):
@@ -266,6 +284,33 @@ class MlflowSweepCallback(Callback):
                 self.client.close()
             self.parent_id = None
         os.environ.pop(PARENT_ENV, None)
+
+
+
+def check_launcher(config: DictConfig) -> None:
+    """The launcher's own settings, before any job or stage: ``hydra/launcher=packed``'s ``runs_per_device``,
+    and ``sbatch`` on this machine for ``hydra/launcher=slurm``.
+
+    Raises:
+        Refused: with the one line that says what to change.
+    """
+    from ccexp.errors import CcexpError, Refused
+
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+    if target.endswith("PackedLauncher"):  # its setting, before any stage is computed for the stream plans
+        from ccexp.tracking.packing import Packing
+
+        try:
+            Packing(OmegaConf.select(config, "hydra.launcher.runs_per_device", default=2), 0, 1)
+        except (CcexpError, TypeError, ValueError) as e:
+            raise Refused(str(e) if isinstance(e, CcexpError) else "hydra.launcher.runs_per_device must be "
+                          f"a whole number >= 1, got {config.hydra.launcher.runs_per_device!r}") from None
+    if target.endswith("SlurmLauncher"):
+        import shutil
+
+        if shutil.which("sbatch") is None:
+            raise Refused("hydra/launcher=slurm submits jobs with sbatch, which is not on this machine; run the "
+                          "sweep from a Slurm login node, or try it here with hydra/launcher=local")
 
 
 def close_left_running(uri: str, sweep_dir: Path, jobs: list[tuple[str, str, str, str]]) -> None:

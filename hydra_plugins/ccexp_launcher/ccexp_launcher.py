@@ -1,5 +1,9 @@
 """``hydra/launcher=slurm`` and ``hydra/launcher=local``: hydra-submitit-launcher's launchers whose sweep
-waits for every job's end, however it ends ([`ccexp.tracking.launcher.EveryJobEnds`][ccexp.tracking.launcher.EveryJobEnds])."""
+waits for every job's end, however it ends ([`ccexp.tracking.launcher.EveryJobEnds`][ccexp.tracking.launcher.EveryJobEnds]);
+``hydra/launcher=packed``: several runs at once on each GPU, or on a machine without one (hydra-joblib-launcher)."""
+from typing import Any
+
+from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
 from ccexp.tracking.launcher import EveryJobEnds
@@ -11,3 +15,35 @@ class SlurmLauncher(EveryJobEnds, submitit_launcher.SlurmLauncher):
 
 class LocalLauncher(EveryJobEnds, submitit_launcher.LocalLauncher):
     """submitit's processes on this machine."""
+
+
+class PackedLauncher(JoblibLauncher):
+    """``hydra/launcher=packed``: ``runs_per_device`` jobs at once on each visible GPU, or on this machine
+    without one, each with its share of the cores ([`ccexp.tracking.launcher.Packing`][ccexp.tracking.packing.Packing]), in hydra-joblib-launcher's
+    worker processes."""
+
+    def __init__(self, runs_per_device: int = 2, **joblib: Any) -> None:
+        super().__init__(**joblib)
+        self.runs_per_device = runs_per_device
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        import logging
+        import os
+
+        from ccexp.errors import CcexpError, Refused
+        from ccexp.tracking.packing import Packing, PackedTask
+
+        try:
+            packing = Packing(self.runs_per_device, visible_gpus(), os.cpu_count() or 1)
+        except CcexpError as e:
+            raise Refused(str(e)) from None
+        self.joblib["n_jobs"] = packing.jobs
+        logging.getLogger("ccexp").info("%s", packing.describe())
+        super().setup(hydra_context=hydra_context, task_function=PackedTask(task_function, packing), config=config)
+
+
+def visible_gpus() -> int:
+    """The CUDA devices this process sees (0 without torch's CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

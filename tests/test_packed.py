@@ -1,0 +1,57 @@
+"""Issue 33 §3: hydra/launcher=packed runs several jobs at once, each with its share of the machine: on GPUs
+``runs_per_device`` per visible GPU, job n on GPU n mod GPUs; without one, ``runs_per_device`` at once; the
+cores split evenly (trainer.threads, written into each run's config). Tested on the CPU, end to end."""
+from __future__ import annotations
+
+import pytest
+
+from ccexp.errors import CcexpError
+from ccexp.tracking.packing import Packing, PackedTask
+
+
+def test_packing_shares_gpus_round_robin_and_splits_the_cores():
+    eight = Packing(4, gpus=8, cores=64)
+    assert (eight.jobs, eight.threads) == (32, 2)
+    assert [eight.share(n)["devices"] for n in range(10)] == [[n % 8] for n in range(10)]
+    cpu = Packing(2, gpus=0, cores=2)
+    assert (cpu.jobs, cpu.threads, cpu.share(5)) == (2, 1, {"threads": 1})  # no device setting without a GPU
+    assert Packing(8, gpus=1, cores=4).threads == 1  # never below one thread
+    assert cpu.describe() == "packed: 2 run(s) at once on this machine (no GPU), 2 in all, trainer.threads=1 each"
+    with pytest.raises(CcexpError, match="runs_per_device=0: give 1 or more"):
+        Packing(0, gpus=1, cores=4)
+
+
+def test_a_packed_job_runs_with_its_share_written_into_its_config(monkeypatch):
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(job=SimpleNamespace(num=5))))
+    seen = []
+    task = PackedTask(lambda cfg: seen.append(OmegaConf.to_container(cfg.trainer)), Packing(2, gpus=4, cores=16))
+    task(OmegaConf.create({"trainer": {"accelerator": "gpu", "devices": 1, "threads": 8}}))
+    task(OmegaConf.create({"trainer": {"accelerator": "cpu", "devices": 1, "threads": 8}}))
+    assert seen == [{"accelerator": "gpu", "devices": [1], "threads": 2},  # job 5 of 4 GPUs: GPU 1
+                    {"accelerator": "cpu", "devices": 1, "threads": 2}]
+
+
+@pytest.mark.slow  # four tiny runs, two at a time: about a minute
+def test_packed_runs_two_jobs_at_once_on_a_cpu_each_with_one_thread(tmp_path):
+    from test_cases import ccexp, runs
+
+    proc = ccexp(tmp_path, "tiny.jsonl", "-m", "hydra/launcher=packed", "hydra.launcher.runs_per_device=2",
+                 "sampler=random,uniform", "seed=0,1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    import os
+
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    assert f"packed: 2 run(s) at once on this machine (no GPU), 2 in all, trainer.threads={threads} each" in log
+    _, rs = runs(tmp_path / "out")
+    jobs = sorted((r for r in rs if r.data.tags.get("ccexp.sweep") != "true"), key=lambda r: r.info.start_time)
+    assert len(jobs) == 4 and all(r.info.status == "FINISHED" for r in jobs)
+    assert {r.data.params["trainer.threads"] for r in jobs} == {str(threads)}  # each run records its share
+    spans = [(r.info.start_time, r.info.end_time) for r in jobs]
+    at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+    assert at_once == 2  # two jobs overlap, never three
