@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ccexp.errors import CcexpError
+from ccexp.tracking.budget import BUDGET_KEYS
 from ccexp.tracking.stats import mean_ci
 
 HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common", "eval/bpb",
@@ -127,6 +128,15 @@ class Comparison:
     unfinished: list[str] = field(default_factory=list)  # "#<job> (<overrides>): <status>: <line>" of the sweep
     left_out: list[str] = field(default_factory=list)  # the note on runs of other settings, when there were some
     moving: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # still_moving's, per group
+    budgets: object = None  # the sweep's budgets (ccexp.tracking.budget.BudgetStudy): None until write_report
+
+    def budget_command(self) -> str | None:
+        """The command that runs the cheapest design of ``budgets`` in the same sweep folder (None: none)."""
+        from ccexp.tracking.budget import design_command
+        from ccexp.tracking.verdict import _python
+
+        return None if self.budgets is None else design_command(self.budgets, self.sweep_dir, self.task_overrides,
+                                                                 _python())
 
     @classmethod
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,
@@ -216,6 +226,10 @@ class Comparison:
                   "seed has its mean only" if several else "One seed per sampler: means only, no confidence interval")
         rows, command = self.verdict()
         md = [f"# {self.title}", "", *verdict_markdown(self, rows, self.min_effect, self.power, command)]
+        if self.budgets is not None and self.budgets.points:  # two seeds or more: how the noise goes with budget
+            from ccexp.tracking.budget import budget_markdown
+
+            md += budget_markdown(self.budgets, self.budget_command())
         for note in self.notes:
             md += [f"Note: {note}", ""]
         if self.unfinished:
@@ -314,15 +328,15 @@ _NOT_CONFIGURATION = re.compile(r"(^|\.)(seed|init_seed)$|^(logger|paths)\.|^tra
                                 r"^trainer\.enable_progress_bar$")
 
 
-def _configuration(run, group_by: str, arm: bool) -> frozenset:
-    """A run's configuration apart from its seeds: its params but the seeds and the recording's; without the
-    ``group_by`` group's own (``arm=False``: what the arms share) or with only them (``arm=True``)."""
+def _configuration(run, group_by: str, arm: bool, ignore: tuple[str, ...] = ()) -> frozenset:
+    """A run's configuration apart from its seeds: its params but the seeds, the recording's and ``ignore``'s;
+    without the ``group_by`` group's own (``arm=False``: what the arms share) or with only them (``arm=True``)."""
     own = f"{group_by}."
     return frozenset((k, v) for k, v in run.data.params.items()
-                     if not _NOT_CONFIGURATION.search(k) and k.startswith(own) == arm)
+                     if not _NOT_CONFIGURATION.search(k) and k.startswith(own) == arm and k not in ignore)
 
 
-def one_configuration(runs: list, group_by: str) -> tuple[list, list[str]]:
+def one_configuration(runs: list, group_by: str, ignore: tuple[str, ...] = ()) -> tuple[list, list[str]]:
     """The runs of one configuration apart from their seeds, and a note naming the runs left out.
 
     A comparison averages each arm's runs over seeds and pairs them by seed, so every run must share the
@@ -339,14 +353,14 @@ def one_configuration(runs: list, group_by: str) -> tuple[list, list[str]]:
         return getattr(getattr(r, "info", None), "start_time", None) or 0
 
     newest = max(runs, key=started)
-    shared = _configuration(newest, group_by, arm=False)
+    shared = _configuration(newest, group_by, False, ignore)
     arms: dict[str, frozenset] = {}
     for r in sorted(runs, key=started):  # the newest run of each arm last
-        arms[_arm(r, group_by)] = _configuration(r, group_by, True)
+        arms[_arm(r, group_by)] = _configuration(r, group_by, True, ignore)
     kept, out, differ = [], [], {}
     for r in runs:
         arm = _arm(r, group_by)
-        mine = _configuration(r, group_by, False) | _configuration(r, group_by, True)
+        mine = _configuration(r, group_by, False, ignore) | _configuration(r, group_by, True, ignore)
         ref = shared | arms[arm]
         if mine == ref:
             kept.append(r)
@@ -429,6 +443,13 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
                                task_overrides=context.get("task_overrides", []))
     compared = sum(len(rs) for rs in comparison.groups.values())  # the runs of one configuration (one_configuration)
+    comparison.budgets = budget_study(runs, group_by, baseline, min_effect, power)
+    if comparison.left_out and len({p.tokens for p in comparison.budgets.points}) >= 2 \
+            and not one_configuration(runs, group_by, ignore=BUDGET_KEYS)[1]:  # the others differ in budget alone
+        comparison.notes = [n for n in comparison.notes if n not in comparison.left_out] + [
+            f"the verdict compares the {compared} runs at the newest run's budget; the {len(runs) - compared} runs at "
+            "the sweep's other budgets are in the budget section"]
+        comparison.left_out = []
     comparison.title = (f"ccexp comparison: {compared} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
                         + (" (runs of other settings left out: see the note)" if comparison.left_out else ""))
     comparison.notes += context.get("notes", [])
@@ -458,6 +479,22 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
 
 CURVE_PANELS = [("curve/ppl", "all tokens"), ("curve/ppl_macro", "macro over clusters"),
                 ("curve/ppl_worst", "worst cluster")]
+
+
+def budget_study(runs: list, group_by: str, baseline: str, min_effect: float, power: float):
+    """[`ccexp.tracking.budget.study`][ccexp.tracking.budget.study] of the runs of one configuration apart from
+    their seeds and their budget (``train.steps``, ``train.passes``), on the primary metric."""
+    from ccexp.tracking.budget import study
+    from ccexp.tracking.verdict import HEADLINE_NAMES, PRIMARY
+
+    same, _ = one_configuration(runs, group_by, ignore=BUDGET_KEYS)
+    groups: dict[str, list] = {}
+    for r in same:
+        groups.setdefault(_arm(r, group_by), []).append(r)
+    metric = PRIMARY if any(PRIMARY in r.data.metrics for r in same) else "eval/ppl"
+    out = study(dict(sorted(groups.items())), baseline, metric, min_effect, power)
+    out.metric = HEADLINE_NAMES[metric]
+    return out
 
 
 def curve_histories(client, groups: dict[str, list]) -> dict[tuple[str, str], list[dict[int, float]]]:

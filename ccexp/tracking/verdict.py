@@ -245,4 +245,8 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
         out.append(f"  one seed decides nothing; add a second: {command}")
     elif command:
         out.append(f"  add the seeds that detect {comparison.min_effect:.0%} (report.min_effect): {command}")
+    if getattr(comparison, "budgets", None) is not None:
+        from ccexp.tracking.budget import budget_lines
+
+        out += budget_lines(comparison.budgets, comparison.budget_command())
     return out
