@@ -52,6 +52,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
                          "tokens), or null")
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
+    check_resume_from(cfg.train.resume_from)
     from ccexp.clustering.selection import check_strategy
     from ccexp.data.corpus import check_heldout_fraction
 
@@ -208,6 +209,34 @@ def check_sweep_values(overrides: list[str], compose=None) -> None:
         except (CcexpError, HydraException, OmegaConfBaseException) as e:
             why = str(e) if isinstance(e, CcexpError) else one_line(e)
             raise CcexpError(f"the sweep's value {value} is not an option: {why}" if value else why) from None
+
+
+RESUME_WORDS = ("last", "auto", "fresh")
+
+
+def check_resume_from(value) -> None:
+    """``train.resume_from`` is null, one of ``RESUME_WORDS``, or a checkpoint that exists (a ``.ckpt`` file, or
+    the folder of a sharded one), before any stage runs.
+
+    Raises:
+        CcexpError: naming the value and what it may be (the word it most likely means).
+    """
+    if value is None or str(value) in RESUME_WORDS:
+        return
+    from pathlib import Path
+
+    text = str(value)
+    near = next((w for w in RESUME_WORDS if text.strip().lower().startswith(w[:3]) and len(text) <= len(w) + 2), None)
+    what = "train.resume_from takes last, auto, fresh or a checkpoint's path"
+    if near is not None and not Path(text).exists():
+        raise CcexpError(f"train.resume_from={text!r} is not an option; did you mean {near!r}? ({what})")
+    path = Path(text).expanduser()
+    if not text.strip() or not path.exists():
+        raise CcexpError(f"train.resume_from={text!r}: no such checkpoint; {what} "
+                         "(<run>/checkpoints/last.ckpt)")
+    if path.is_dir() and not (path / "meta.pt").is_file() and not any(path.glob("*.distcp")):
+        raise CcexpError(f"train.resume_from={text!r} is a folder, not a checkpoint; give a .ckpt file in it (or "
+                         "train.resume_from=last)")
 
 
 def preflight_stream(cfg: DictConfig) -> None:

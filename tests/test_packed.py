@@ -17,8 +17,9 @@ def test_packing_shares_gpus_round_robin_and_splits_the_cores():
     assert (cpu.jobs, cpu.threads, cpu.share(5)) == (2, 1, {"threads": 1})  # no device setting without a GPU
     assert Packing(8, gpus=1, cores=4).threads == 1  # never below one thread
     assert cpu.describe() == "packed: 2 run(s) at once on this machine (no GPU), 2 in all, trainer.threads=1 each"
-    with pytest.raises(CcexpError, match="runs_per_device=0: give 1 or more"):
-        Packing(0, gpus=1, cores=4)
+    for bad in (0, -1, 1.5, True, "two", None):
+        with pytest.raises(CcexpError, match=r"runs_per_device=.*: give a whole number >= 1"):
+            Packing(bad, gpus=1, cores=4)
 
 
 def test_a_packed_job_runs_with_its_share_written_into_its_config(monkeypatch):

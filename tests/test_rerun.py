@@ -144,3 +144,49 @@ def test_stop_then_the_same_command_continues_then_a_finished_one_does_nothing(t
         assert len(runs(tmp_path / "out")[1]) == 1
     fresh = ccexp(tmp_path, *command, "train.resume_from=fresh")
     assert fresh.returncode == 75 and len(runs(tmp_path / "out")[1]) == 2
+
+
+def test_a_newer_attempt_that_left_no_checkpoint_does_not_undo_a_finished_run(tmp_path):
+    """Found by trying to break it: a mistyped train.resume_from failed after the finished run, and the plain
+    command then trained the finished configuration again from step 0."""
+    done = make_run(tmp_path, "10-00-00-1", "finished", started=1.0)
+    make_run(tmp_path, "11-00-00-2", "failed", started=2.0, checkpoint=False)
+    make_run(tmp_path, "12-00-00-3", "stopped", started=3.0, checkpoint=False)
+    for value in (None, "last", "auto"):
+        assert find_resume(value, NAME, None, tmp_path).finished.folder == done, value
+
+
+def test_a_run_json_of_the_wrong_shape_is_left_out_with_a_line_not_a_traceback(tmp_path, caplog):
+    make_run(tmp_path, "10-00-00-1", "finished", started=1.0)
+    odd = make_run(tmp_path, "11-00-00-2", "stopped", started=2.0)
+    for text in ("[]", "null", "7", "garbage{{{"):
+        (odd / "run.json").write_text(text)
+        with caplog.at_level("WARNING", logger="ccexp"):
+            assert find_resume(None, NAME, None, tmp_path).finished is not None
+        assert f"resume: {odd / 'run.json'} is not readable" in caplog.text
+        caplog.clear()
+    # a run.json with odd values: described without them, a pid that is not a number is not a live process
+    (odd / "run.json").write_text(json.dumps({"run_name": NAME, "status": "running", "host": __import__("socket")
+                                              .gethostname(), "pid": "abc", "step": "x", "steps": "y",
+                                              "started": 3.0}))
+    resume = find_resume(None, NAME, None, tmp_path)
+    assert resume.checkpoint == str(odd / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.parametrize("value, line", [
+    ("lastt", "train.resume_from='lastt' is not an option; did you mean 'last'?"),
+    ("LAST", "train.resume_from='LAST' is not an option; did you mean 'last'?"),
+    ("", "train.resume_from='': no such checkpoint; train.resume_from takes last, auto, fresh or a checkpoint's path"),
+    ("/no/such.ckpt", "train.resume_from='/no/such.ckpt': no such checkpoint"),
+])
+def test_a_bad_resume_from_is_one_line_before_any_stage(tmp_path, value, line):
+    from ccexp.preflight import check_resume_from
+
+    with pytest.raises(CcexpError) as e:
+        check_resume_from(value)
+    assert str(e.value).startswith(line)
+    with pytest.raises(CcexpError, match="is a folder, not a checkpoint"):
+        check_resume_from(str(tmp_path))
+    (tmp_path / "x.ckpt").write_bytes(b"")
+    for ok in (None, "last", "auto", "fresh", str(tmp_path / "x.ckpt")):
+        check_resume_from(ok)

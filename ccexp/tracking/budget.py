@@ -10,7 +10,8 @@ other budgets:
   find noise falling with scale); with three or more budgets the slope b gets a standard error and a 95 %
   interval (Student's t, n − 2 degrees of freedom); two budgets fix the line but not its uncertainty, and
   one budget fixes nothing (the report then says what a second budget would add);
-- **effect**: mean(d)(B) = c + e · log2 B (a change per doubling), fitted the same way.
+- **effect**: log(1 + mean(d))(B) = c + e · log2 B (a ratio to the baseline that changes by a factor per
+  doubling, so it never passes −100 %), fitted the same way.
 
 At each budget (the measured ones, and twice and four times the largest, marked as extrapolated) the design
 is the paired seeds for a 95 % CI of ± ``min_effect`` ([`seeds_for_half_width`][ccexp.tracking.stats.seeds_for_half_width]) and for
@@ -186,7 +187,7 @@ def study(groups: dict[str, list], baseline: str, metric: str, min_effect: float
         mine = [p for p in points if p.sampler == g]
         if len(mine) >= 2 and all(p.sd > 0 for p in mine):
             out.noise[g] = fit_line(np.log([p.tokens for p in mine]), np.log([p.sd for p in mine]))
-            out.effect[g] = fit_line(np.log2([p.tokens for p in mine]), [p.effect for p in mine])
+            out.effect[g] = fit_line(np.log2([p.tokens for p in mine]), np.log1p([p.effect for p in mine]))
     if out.noise:
         out.designs = designs(out, groups, budgets)
     return out
@@ -204,7 +205,7 @@ def designs(s: BudgetStudy, groups: dict[str, list], budgets: list[int]) -> list
         seeds_ci, seeds_power, worst_sd, effect = 2, 2, 0.0, 0.0
         for g, fit in s.noise.items():
             sd = float(math.exp(fit.intercept + fit.slope * math.log(tokens)))
-            eff = s.effect[g].intercept + s.effect[g].slope * math.log2(tokens)
+            eff = math.expm1(s.effect[g].intercept + s.effect[g].slope * math.log2(tokens))
             seeds_ci = max(seeds_ci, seeds_for_half_width(sd, s.min_effect))
             seeds_power = max(seeds_power, seeds_to_detect(eff, sd, power=s.power))
             if sd > worst_sd:
@@ -240,13 +241,14 @@ def budget_markdown(s: BudgetStudy, command: str | None) -> list[str]:
            "budget (tokens per run):", "", "| sampler | tokens | seeds | effect | SD of the differences |",
            "|---|---:|---:|---:|---:|"]
     md += [f"| {p.sampler} | {p.tokens:,} | {p.n} | {p.effect:+.2%} | {p.sd:.2%} |" for p in s.points]
-    md += ["", "Fits (noise: SD ∝ budget^b in log–log; effect: a change per doubling of the budget):", ""]
+    md += ["", "Fits (noise: SD ∝ budget^b in log–log; effect: the ratio to the baseline, 1 + effect, by a factor per "
+           "doubling of the budget):", ""]
     for g, fit in s.noise.items():
         eff = s.effect[g]
         md.append(f"- {g}: b = {fit.slope:+.2f}" + (f" ± {fit.half:.2f} (95 % CI, {fit.points} budgets)" if fit.half
                                                     is not None else f" from {fit.points} budgets: two points fix a "
                                                     "line but not its uncertainty; a third budget would bound it")
-                  + f"; effect {eff.slope:+.2%} per doubling")
+                  + f"; 1 + effect × {math.exp(eff.slope):.3f} per doubling")
     cheap = s.cheapest
     md += ["", f"Designs: paired seeds for a 95 % CI of ± {s.min_effect:.0%} (`report.min_effect`) and for "
            f"{s.power:.0%} power at the fitted effect, the larger over the samplers; cost = seeds × "

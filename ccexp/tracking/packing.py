@@ -15,14 +15,15 @@ class Packing:
     the ``cores`` are split evenly between all the jobs at once (``threads`` each, at least 1).
 
     Raises:
-        CcexpError: for ``runs_per_device`` < 1.
+        CcexpError: for ``runs_per_device`` that is not a whole number >= 1.
     """
 
     def __init__(self, runs_per_device: int, gpus: int, cores: int) -> None:
         from ccexp.errors import CcexpError
 
-        if int(runs_per_device) < 1:
-            raise CcexpError(f"hydra.launcher.runs_per_device={runs_per_device}: give 1 or more runs per device")
+        if isinstance(runs_per_device, bool) or not isinstance(runs_per_device, int) or runs_per_device < 1:
+            raise CcexpError(f"hydra.launcher.runs_per_device={runs_per_device!r}: give a whole number >= 1 of runs "
+                             "at once per device")
         self.runs_per_device, self.gpus = int(runs_per_device), max(0, int(gpus))
         self.jobs = self.runs_per_device * max(1, self.gpus)  # at once
         self.threads = max(1, int(cores) // self.jobs)

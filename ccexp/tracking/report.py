@@ -726,6 +726,8 @@ def cli_store(store: str | None, tracking_uri: str | None = None):
     if uri is not None and not uri.startswith("sqlite:///"):
         return Store(uri, source, env if env and source != "MLFLOW_TRACKING_URI" and absolute(env) != uri else "")
     path = Path(store).expanduser() if uri is None else Path(uri[len("sqlite:///"):])
+    if path.is_dir() and (path / "mlflow.db").is_file():  # the outputs folder that holds the store
+        path = path / "mlflow.db"
     if not path.is_file():
         raise CcexpError(f"no MLflow store at {path}; run ccexp first or pass --store / --tracking-uri")
     with open(path, "rb") as f:  # MLflow would turn any other file (an empty one too) into a new store

@@ -117,12 +117,15 @@ class Earlier:
             return False
         from ccexp.artifacts import pid_alive
 
-        pid = int(self.meta["pid"])
-        return pid != os.getpid() and pid_alive(pid)
+        try:
+            pid = int(self.meta["pid"])
+        except (TypeError, ValueError):  # a run.json edited by hand: no process to ask
+            return False
+        return pid != os.getpid() and pid > 0 and pid_alive(pid)
 
     def describe(self) -> str:
-        step = self.meta.get("step")
-        at = f"step {step:,} of {self.meta['steps']:,}, " if step is not None and self.meta.get("steps") else ""
+        step, steps = self.meta.get("step"), self.meta.get("steps")
+        at = f"step {step:,} of {steps:,}, " if isinstance(step, int) and isinstance(steps, int) else ""
         run_id = self.meta.get("mlflow_run_id")
         return f"{at}{self.folder}" + (f", MLflow run {run_id}" if run_id else "")
 
@@ -137,8 +140,13 @@ def earlier_runs(name: str, run_dir: Path | None, outputs: Path) -> list[Earlier
         path = folder / RUN_JSON
         try:
             meta = json.loads(path.read_text())
+            if not isinstance(meta, dict):
+                raise TypeError(f"a JSON {type(meta).__name__}, not an object")
             started = float(meta.get("started") or path.stat().st_mtime)
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError) as e:
+            if path.is_file() and folder != run_dir:
+                log.warning("resume: %s is not readable (%s); that run is left out of what this command finds",
+                            path, f"{type(e).__name__}: {e}"[:200])
             if folder == run_dir and (folder / "checkpoints").is_dir():  # a requeued job's own folder, as new
                 meta = {"run_name": name}  # as its newest checkpoint (it has no run.json to say when it started)
                 started = max((p.stat().st_mtime for p in (folder / "checkpoints").glob("*.ckpt")), default=0.0)
@@ -200,8 +208,6 @@ def find_resume(resume_from: str | None, name: str, run_dir: Path | None, output
                          "(Ctrl-C) and run the same command again to continue it; train.resume_from=fresh starts "
                          "another from step 0")
     finished = next((i for i, r in enumerate(runs) if r.status == "finished"), None)
-    if finished == 0:
-        return Resume(finished=runs[0])
     unfinished = runs if finished is None else runs[:finished]  # runs older than the last finished one are done with
     if resume_from is None:
         unfinished = [r for r in unfinished if r.status in UNFINISHED]  # runs from before run states: not guessed at
@@ -214,14 +220,14 @@ def find_resume(resume_from: str | None, name: str, run_dir: Path | None, output
         else:
             log.info("resume: train.resume_from=%s is %s", resume_from, found.checkpoint)
         return found
+    if finished is not None:  # newer attempts left no checkpoint (a bad setting, a stop before step 1): done
+        return Resume(finished=runs[finished])
     if resume_from is None:
         stopped = next((r for r in unfinished if r.status in ("stopped", "failed")), None)
         if stopped is not None:
             log.warning("resume: %s %s before its first checkpoint (%s): starting from step 0", name, stopped.status,
                         stopped.folder)
         return Resume()
-    if finished is not None:
-        return Resume(finished=runs[finished])
     if resume_from == "auto":
         log.info("resume: train.resume_from=auto found no earlier checkpoint of %s; starting fresh", name)
         return Resume()
