@@ -121,4 +121,4 @@ def test_a_curve_still_moving_at_the_end_is_named_from_the_real_store(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "still moving when training stopped" in md and "random +30% (0.60M → 0.80M tokens)" in md
     assert "uniform -" not in md.split("still moving")[1].split("\n")[0] and "Rising (random)" in md
-    assert any("random +30% over the last 20% of the tokens" in line for line in verdict_lines(c, *c.verdict()))
+    assert any("random +30% from 0.60M to 0.80M tokens" in line for line in verdict_lines(c, *c.verdict()))

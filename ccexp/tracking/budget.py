@@ -303,7 +303,8 @@ def budget_lines(s: BudgetStudy, command: str | None) -> list[str]:
     power = s.cheapest_power
     if power is not None:
         out.append(f"  cheapest for {s.power:.0%} power at the fitted effect ({power.effect:+.1%}): {power.seeds_power} "
-                   f"seeds x {power.tokens:,} tokens ({power.steps:,} steps), {power.hours_power:,.2f} {s.unit}-hours")
+                   f"seeds x {power.tokens:,} tokens ({power.steps:,} steps), {power.hours_power:,.2f} {s.unit}-hours"
+                   + (" (extrapolated)" if power.extrapolated else ""))
     if command:
         out.append(f"  run it: {command}")
     return out
@@ -322,7 +323,8 @@ def sweep_cost(configs: list, earlier: list) -> str:
         f" in the {len(sized)} with train.steps (train.passes sets the others' once the corpus is tokenized)"
         if len(sized) < len(configs) else "")
     if not sized:
-        return head
+        return (f"sweep: {len(configs)} job(s); their budget is train.passes, which sets the steps once the corpus is "
+                "tokenized: each job's train: line gives its tokens")
     model = {f"model.{k}": v for k, v in flatten(sized[0].model).items()}
     device = str(sized[0].trainer.accelerator)
     like = [r for r in earlier if all(r.data.params.get(k) == v for k, v in model.items())

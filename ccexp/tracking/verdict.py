@@ -100,8 +100,9 @@ def moving_note(comparison) -> list[str]:
         return []
     parts = [f"{g} {change:+.0%} ({a / 1e6:.2f}M → {b / 1e6:.2f}M tokens)" for g, (change, a, b) in moving.items()]
     rising = [g for g, (change, _, _) in moving.items() if change > 0]
-    return ["", f"**Held-out perplexity was still moving when training stopped** (macro ppl of the held-out curve over "
-            f"the last {MOVING_TAIL:.0%} of the tokens trained, mean over seeds): " + "; ".join(parts) + ". The verdict "
+    return ["", f"**Held-out perplexity was still moving when training stopped** (macro ppl of the held-out curve, "
+            f"mean over seeds, from its last point at or before {1 - MOVING_TAIL:.0%} of the tokens trained to the "
+            "end): " + "; ".join(parts) + ". The verdict "
             "is of the point where training stopped; at another `train.steps` the samplers may order differently "
             "(`curves.png`)." + (f" Rising ({', '.join(rising)}): the last tokens trained made held-out text less "
                                  "likely." if rising else "")]
@@ -239,11 +240,12 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
     moving = getattr(comparison, "moving", {})
     if moving:
         out.append("  held-out ppl was still moving when training stopped (" + ", ".join(
-            f"{g} {change:+.0%}" for g, (change, _, _) in moving.items()) + f" over the last {MOVING_TAIL:.0%} of the tokens): the "
-            "verdict depends on where training stopped")
+            f"{g} {change:+.0%} from {a / 1e6:.2f}M to {b / 1e6:.2f}M tokens" for g, (change, a, b) in moving.items())
+            + "): the verdict depends on where training stopped")
+    designed = getattr(getattr(comparison, "budgets", None), "designs", None)
     if command and seeds < 2:
         out.append(f"  one seed decides nothing; add a second: {command}")
-    elif command:
+    elif command and not designed:  # with budgets, the budget lines' design is the next step
         out.append(f"  add the seeds that detect {comparison.min_effect:.0%} (report.min_effect): {command}")
     if getattr(comparison, "budgets", None) is not None:
         from ccexp.tracking.budget import budget_lines
