@@ -27,15 +27,15 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     quiet_libraries(sweep=multirun)
     preflight(cfg, multirun)  # every check, before any work
     outputs = Path(cfg.paths.outputs).resolve()
-    resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs, multirun)  # a checkpoint and run
-    if resume.finished is not None:  # this configuration finished already: nothing to do
-        return finished_before(resume.finished, cfg.train.resume_from)
     phases.mark("start")
     runner.seed_model(cfg.train.init_seed)  # the data order has its own sampler.seed
     # 1. preprocessing: cached stages that return typed artifacts
     stage = stages.Stages(StageStore(Path(cfg.paths.cache).resolve()), data=cfg.data, embedder=cfg.embedder,
                           clusterer=cfg.clusterer, model=cfg.model, curate=cfg.curate)
-    corpus = stage.corpus()
+    corpus = stage.corpus()  # then a checkpoint and MLflow run to continue, or: finished on this corpus already
+    resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs, multirun, stage.fingerprints())
+    if resume.finished is not None:
+        return finished_before(resume.finished, cfg.train.resume_from)
     check_cluster_counts(cfg.clusterer, int((~corpus.heldout).sum()))  # before the embedding is paid for
     pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
     tokenized = stage.tokenize(corpus, pretrained)
@@ -73,7 +73,8 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
             record.log_artifacts([path], folder)
         fit.raise_if_stopped_early(cfg.train.steps)  # incomplete: KILLED, not FINISHED; a resume continues it
         record.finish({**{f"eval_error/{part}": msg for part, msg in result.errors.items()},
-                       "stream_digest": fit.stream.digest}, step=fit.steps, metrics=result.metrics)
+                       "stream_digest": fit.stream.digest}, step=fit.steps, metrics=result.metrics,
+                      fingerprints=stage.fingerprints())
     phases.done(record.name, fit.seconds, fit.module.tokens_seen, run_dir)  # the time: and done: lines
     return result.metrics
 

@@ -268,7 +268,7 @@ def test_doremi_reference_and_semantic_dedup_through_the_cli(tmp_path, small_cor
             "sampler.warmup_steps=1", "curate.dedup.enabled=true"]
     first = run_ccexp(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_ccexp(*args, cwd=tmp_path)
+    second = run_ccexp(*args, "train.resume_from=fresh", cwd=tmp_path)  # the same run again, its stages reused
     assert second.returncode == 0, second.stderr[-3000:]
     assert "reference: a 1-step sampler=random model" in first.stdout + first.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'out'}/mlflow.db")

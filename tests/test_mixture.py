@@ -447,7 +447,7 @@ def test_doremi_mixture_learns_the_weights_with_a_proxy_run_then_trains_on_them(
     given, sizes = _average_weights(run, "given_token_share")
     expected = np.where(sizes > 0, learned, 0) / np.where(sizes > 0, learned, 0).sum()
     np.testing.assert_allclose(given, expected, rtol=1e-5, atol=1e-6)
-    again = run_ccexp(*args, cwd=ROOT)
+    again = run_ccexp(*args, "train.resume_from=fresh", cwd=ROOT)  # again (a finished run is otherwise not redone)
     assert again.returncode == 0, again.stderr[-3000:]
     import re
 

@@ -190,3 +190,15 @@ def test_a_bad_resume_from_is_one_line_before_any_stage(tmp_path, value, line):
     (tmp_path / "x.ckpt").write_bytes(b"")
     for ok in (None, "last", "auto", "fresh", str(tmp_path / "x.ckpt")):
         check_resume_from(ok)
+
+
+def test_a_run_finished_on_a_corpus_that_changed_since_is_not_this_run(tmp_path, caplog):
+    """Found with an object-store corpus rewritten in place: the same settings, another corpus fingerprint."""
+    done = make_run(tmp_path, "10-00-00-1", "finished", started=1.0)
+    meta = json.loads((done / "run.json").read_text())
+    (done / "run.json").write_text(json.dumps({**meta, "fingerprints": {"corpus": "aaaa", "embed": "e"}}))
+    assert find_resume(None, NAME, None, tmp_path, fingerprints={"corpus": "aaaa"}).finished is not None
+    with caplog.at_level("INFO", logger="ccexp"):
+        resume = find_resume(None, NAME, None, tmp_path, fingerprints={"corpus": "bbbb"})
+    assert resume.finished is None and resume.checkpoint is None  # from step 0, on the new corpus
+    assert "on another corpus (fingerprint aaaa, now bbbb)" in caplog.text

@@ -333,17 +333,19 @@ class RunRecord:
         self._extra = []
 
     def finish(self, tags: dict[str, str] | None = None, step: int | None = None,
-               metrics: dict[str, float] | None = None) -> None:
+               metrics: dict[str, float] | None = None, fingerprints: dict[str, str] | None = None) -> None:
         """Set ``tags`` on the run and mark it FINISHED; its ``run.json`` says ``finished`` at ``step`` with those
         of ``metrics`` named in [`RUN_JSON_METRICS`][ccexp.tracking.resume.RUN_JSON_METRICS] (what a later run of
-        the same configuration reports instead of training again)."""
+        the same configuration reports instead of training again) and the stages' ``fingerprints`` (a later run
+        on another corpus is not this one)."""
         for key, value in (tags or {}).items():
             self.set_tag(key, value)
         if self.run_dir is not None and self.rank_zero:
             from ccexp.tracking.resume import RUN_JSON_METRICS, write_run_json
 
             write_run_json(self.run_dir, status="finished", **({"step": int(step)} if step is not None else {}),
-                           metrics={k: float(v) for k, v in (metrics or {}).items() if k in RUN_JSON_METRICS})
+                           metrics={k: float(v) for k, v in (metrics or {}).items() if k in RUN_JSON_METRICS},
+                           **({"fingerprints": dict(fingerprints)} if fingerprints else {}))
         self._close_extras("success")
         if self.logger is not None:
             self.client.set_terminated(self.logger.run_id, "FINISHED")

@@ -190,8 +190,10 @@ def _newest_checkpoint(runs: list[Earlier]) -> Resume | None:
 
 
 def find_resume(resume_from: str | None, name: str, run_dir: Path | None, outputs: Path,
-                multirun: bool = False) -> Resume:
-    """``train.resume_from`` resolved (the module docstring says what each value does).
+                multirun: bool = False, fingerprints: dict[str, str] | None = None) -> Resume:
+    """``train.resume_from`` resolved (the module docstring says what each value does). ``fingerprints``: the
+    stages' fingerprints so far; an earlier run recorded on another corpus (a file rewritten in place) is not
+    this run: neither finished nor continued.
 
     Raises:
         CcexpError: for ``last`` when there is nothing to continue; for a single run of a configuration that
@@ -202,6 +204,12 @@ def find_resume(resume_from: str | None, name: str, run_dir: Path | None, output
     if resume_from not in (None, "last", "auto"):
         return Resume(resume_from, run_id_of(Path(resume_from)))
     runs = earlier_runs(name, run_dir, outputs)
+    corpus = (fingerprints or {}).get("corpus")
+    other = [r for r in runs if corpus and (r.meta.get("fingerprints") or {}).get("corpus", corpus) != corpus]
+    for r in other[:1]:  # the same settings on a corpus that changed since (a file rewritten in place): not this run
+        log.info("resume: %s %s on another corpus (fingerprint %s, now %s): not continued; this run starts from step "
+                 "0", name, r.status, (r.meta.get("fingerprints") or {}).get("corpus"), corpus)
+    runs = [r for r in runs if r not in other]
     going = next((r for r in runs if r.alive()), None)
     if going is not None:
         raise CcexpError(f"{name} is running now (pid {going.meta['pid']}, {going.folder}); wait for it, or stop it "
