@@ -142,10 +142,7 @@ class Comparison:
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,
            **options) -> "Comparison":
         runs, left_out = one_configuration(runs, group_by)
-        groups: dict[str, list] = {}
-        for r in runs:
-            groups.setdefault(_arm(r, group_by), []).append(r)
-        groups = dict(sorted(groups.items()))
+        groups = by_arm(runs, group_by)
         if require_baseline and baseline not in groups:
             raise CcexpError(f"--baseline {baseline!r} has no finished run here; the samplers are {', '.join(groups)}")
         found = sorted({k for r in runs for k in r.data.metrics if any(re.fullmatch(p, k) for p in _PATTERNS)}
@@ -443,9 +440,9 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
                                task_overrides=context.get("task_overrides", []))
     compared = sum(len(rs) for rs in comparison.groups.values())  # the runs of one configuration (one_configuration)
-    comparison.budgets = budget_study(runs, group_by, baseline, min_effect, power)
+    comparison.budgets, other_settings = budget_study(runs, group_by, baseline, min_effect, power)
     if comparison.left_out and len({p.tokens for p in comparison.budgets.points}) >= 2 \
-            and not one_configuration(runs, group_by, ignore=BUDGET_KEYS)[1]:  # the others differ in budget alone
+            and not other_settings:  # the runs left out differ from the compared ones in budget alone
         comparison.notes = [n for n in comparison.notes if n not in comparison.left_out] + [
             f"the verdict compares the {compared} runs at the newest run's budget; the {len(runs) - compared} runs at "
             "the sweep's other budgets are in the budget section"]
@@ -481,20 +478,27 @@ CURVE_PANELS = [("curve/ppl", "all tokens"), ("curve/ppl_macro", "macro over clu
                 ("curve/ppl_worst", "worst cluster")]
 
 
+def by_arm(runs: list, group_by: str) -> dict[str, list]:
+    """The runs grouped by their arm (their ``group_by`` tag or ``<group_by>.name`` param), arms sorted."""
+    groups: dict[str, list] = {}
+    for r in runs:
+        groups.setdefault(_arm(r, group_by), []).append(r)
+    return dict(sorted(groups.items()))
+
+
 def budget_study(runs: list, group_by: str, baseline: str, min_effect: float, power: float):
     """[`ccexp.tracking.budget.study`][ccexp.tracking.budget.study] of the runs of one configuration apart from
-    their seeds and their budget (``train.steps``, ``train.passes``), on the primary metric."""
+    their seeds and their budget (``train.steps``, ``train.passes``), on the primary metric; and
+    [`one_configuration`][ccexp.tracking.report.one_configuration]'s note on runs of other settings than budget
+    ([] when the runs differ in nothing else)."""
     from ccexp.tracking.budget import study
     from ccexp.tracking.verdict import HEADLINE_NAMES, PRIMARY
 
-    same, _ = one_configuration(runs, group_by, ignore=BUDGET_KEYS)
-    groups: dict[str, list] = {}
-    for r in same:
-        groups.setdefault(_arm(r, group_by), []).append(r)
+    same, other_settings = one_configuration(runs, group_by, ignore=BUDGET_KEYS)
     metric = PRIMARY if any(PRIMARY in r.data.metrics for r in same) else "eval/ppl"
-    out = study(dict(sorted(groups.items())), baseline, metric, min_effect, power)
+    out = study(by_arm(same, group_by), baseline, metric, min_effect, power)
     out.metric = HEADLINE_NAMES[metric]
-    return out
+    return out, other_settings
 
 
 def curve_histories(client, groups: dict[str, list]) -> dict[tuple[str, str], list[dict[int, float]]]:
