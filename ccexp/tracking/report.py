@@ -133,10 +133,10 @@ class Comparison:
     def budget_command(self) -> str | None:
         """The command that runs the cheapest design of ``budgets`` in the same sweep folder (None: none)."""
         from ccexp.tracking.budget import design_command
-        from ccexp.tracking.verdict import _python
+        from ccexp.tracking.verdict import python_command
 
         return None if self.budgets is None else design_command(self.budgets, self.sweep_dir, self.task_overrides,
-                                                                 _python())
+                                                                 python_command())
 
     @classmethod
     def of(cls, runs: list, *, title: str, group_by: str, baseline: str, require_baseline: bool,

@@ -212,10 +212,10 @@ def extend_command(sweep_dir: Path | None, task_overrides: list[str], seeds: lis
     args = [seed if o.lstrip("+~").startswith("seed=") else o for o in task_overrides
             if not o.lstrip("+~").startswith("hydra.sweep.dir=")]  # seed keeps its place: outermost stays outermost
     args = (args if seed in args else args + [seed]) + [f"hydra.sweep.dir={sweep_dir}"]
-    return f"{_python()} -m ccexp -m " + " ".join(shlex.quote(a) for a in args)
+    return f"{python_command()} -m ccexp -m " + " ".join(shlex.quote(a) for a in args)
 
 
-def _python() -> str:
+def python_command() -> str:
     """The interpreter that runs ccexp, as a command can name it: ``.venv/bin/python`` under the working
     folder, else its absolute path (a bare ``python`` may be another one, without ccexp)."""
     import os
