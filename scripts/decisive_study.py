@@ -18,11 +18,17 @@ Steps (each skips what its sweep folder already finished, so an interrupted stud
    (``clusterer.seed``); and the held-out sample, by a paired bootstrap over the held-out documents of
    the main sweep's runs (``variance.md``, ``variance.csv``).
 5. ``report``: the comparison report of the main sweep (verdict first), the curves, and ``study.json``.
+6. ``budget``: noise against budget: random and uniform at 1x, 2x and 4x the study's budget (400, 800 and
+   1,600 steps), 6 paired seeds each, two runs at a time (``hydra/launcher=packed``); per budget each sampler's
+   seed SD, the paired difference's SD and effect, the seeds a ± 2 % CI needs and what that design costs,
+   with the fitted exponent of noise against budget (``budget/``: ``README.md``, ``budget.csv``,
+   ``budget.png`` and the sweep's own report).
 
 Usage:
     python scripts/decisive_study.py                       # every step (about 4 hours on a 2-core CPU)
     python scripts/decisive_study.py --steps report        # redo the study files from the MLflow store
     python scripts/decisive_study.py --seeds 12 --jobs 2   # the main sweep's seeds; parallel processes
+    python scripts/decisive_study.py --steps corpus,budget # noise against budget (about 2.5 hours, 2 cores)
 """
 from __future__ import annotations
 
@@ -54,10 +60,12 @@ def build_corpus(src: Path, out: Path) -> dict:
     return dict(counts.most_common())
 
 
-def sweep(outputs: Path, name: str, overrides: list[str], jobs: int) -> None:
+def sweep(outputs: Path, name: str, overrides: list[str], jobs: int, packed: bool = False) -> None:
     """``python -m ccexp -m +sweep=decisive_study <overrides>`` into ``<outputs>/multirun/<name>`` (a folder
-    launched before keeps its finished jobs); ``jobs`` > 1 runs them in parallel (joblib)."""
-    launcher = ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"] if jobs > 1 else []
+    launched before keeps its finished jobs); ``jobs`` > 1 runs them in parallel (joblib, or ``packed``:
+    ccexp's launcher, ``jobs`` runs at once with the cores split between them)."""
+    launcher = ([] if jobs <= 1 else ["hydra/launcher=packed", f"hydra.launcher.runs_per_device={jobs}"] if packed
+                else ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"])
     cmd = [sys.executable, "-m", "ccexp", "-m", "+sweep=decisive_study", f"paths.outputs={outputs}", *launcher,
            *overrides, f"hydra.sweep.dir={outputs / 'multirun' / name}"]
     print("running:", " ".join(cmd), flush=True)
@@ -363,6 +371,173 @@ def seeds_plot(comparison, path: Path, metric: str = "eval/ppl_macro", target: f
     plt.close(fig)
 
 
+# -- noise against budget ------------------------------------------------------------------------------
+BUDGET_SWEEP = ["seed=0,1,2,3,4,5", "train.steps=400,800,1600", "sampler=random,uniform"]
+BUDGET_METRIC = "eval/ppl_macro"
+
+
+def budget_rows(groups: dict[str, list], target: float = 0.02) -> list[dict]:
+    """One row per budget (tokens per run) of the runs ``groups`` (sampler -> MLflow runs, random the baseline):
+    each sampler's mean and seed SD (a share of its mean) of ``BUDGET_METRIC``, the paired difference uniform −
+    random (a share of random's mean: effect, its 95 % CI, SD), the paired seeds a 95 % CI of ± ``target`` needs,
+    and that design's CPU-hours (2 samplers x seeds runs at this budget's measured tokens/s and time outside
+    training, one after another); ``measured_cpu_hours``: what this budget's runs took (their total seconds)."""
+    from scipy import stats
+
+    from ccexp.tracking.budget import throughput
+    from ccexp.tracking.stats import mean_ci, sample_sd, seeds_for_half_width
+
+    def at(runs: list, tokens: int) -> dict[str, object]:
+        return {r.data.params["seed"]: r for r in runs if int(round(r.data.metrics.get("train/tokens", 0))) == tokens}
+
+    rows = []
+    for tokens in sorted({int(round(r.data.metrics["train/tokens"])) for r in groups["random"]}):
+        base, mine = at(groups["random"], tokens), at(groups["uniform"], tokens)
+        seeds = sorted(base.keys() & mine.keys(), key=int)
+        r = np.array([base[k].data.metrics[BUDGET_METRIC] for k in seeds])
+        u = np.array([mine[k].data.metrics[BUDGET_METRIC] for k in seeds])
+        d = (u - r) / r.mean()
+        effect, half = mean_ci(d)
+        sd = sample_sd(d)
+        runs = [*base.values(), *mine.values()]
+        rate, extra = throughput(runs)
+        need = seeds_for_half_width(sd, target)
+        dof = len(seeds) - 1
+        sd_lo, sd_hi = (sd * math.sqrt(dof / stats.chi2.ppf(q, dof)) for q in (0.975, 0.025))
+        rows.append({"tokens": tokens, "steps": int(base[seeds[0]].data.params["train.steps"]), "seeds": len(seeds),
+                     "random_mean": float(r.mean()), "random_seed_sd": sample_sd(r) / float(r.mean()),
+                     "uniform_mean": float(u.mean()), "uniform_seed_sd": sample_sd(u) / float(u.mean()),
+                     "effect": effect, "effect_ci95": half, "diff_sd": sd, "diff_sd_lo": sd_lo, "diff_sd_hi": sd_hi,
+                     "seeds_for_2pct": need, "seeds_for_2pct_lo": seeds_for_half_width(sd_lo, target),
+                     "seeds_for_2pct_hi": seeds_for_half_width(sd_hi, target),
+                     "tokens_per_s": rate, "cpu_hours_for_2pct": 2 * need * (tokens / rate + extra) / 3600,
+                     "measured_cpu_hours": sum(x.data.metrics.get("time/total_seconds", 0.0) for x in runs) / 3600})
+    return rows
+
+
+def budget(outputs: Path, out: Path, jobs: int) -> None:
+    """Step 6 (see the module docstring): ``budget/README.md``, ``budget.csv``, ``budget.png`` and the budget
+    sweep's comparison report (whose "Budget and seeds" section fits and designs with ccexp's own code)."""
+    from mlflow import MlflowClient
+
+    from ccexp.tracking.budget import fit_line
+    from ccexp.tracking.report import by_arm, collect, write_report
+
+    sweep_dir = outputs / "multirun" / "budget"
+    if len(finished_jobs(sweep_dir)) < 36:  # 6 seeds x 3 budgets x 2 samplers
+        sweep(outputs, "budget", BUDGET_SWEEP, jobs, packed=True)
+    client = MlflowClient(f"sqlite:///{(outputs / 'mlflow.db').resolve()}")
+    parent = json.loads((sweep_dir / "sweep.json").read_text())["parent_run_id"]
+    files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=EXPERIMENT,
+                                     baseline="random", min_effect=0.02)
+    runs = collect(client, parent_run_id=parent, experiment=EXPERIMENT)
+    rows = budget_rows(by_arm(runs, "sampler"))
+    write_csv(out / "budget.csv", rows)
+    study = comparison.budgets
+    noise = study.noise.get("uniform")
+    seed_fits = {g: fit_line(np.log([r["tokens"] for r in rows]), np.log([r[f"{g}_seed_sd"] for r in rows]))
+                 for g in ("random", "uniform")}
+    commits = sorted({r.data.tags.get("mlflow.source.git.commit", "?")[:7] for r in runs})
+    budget_plot(rows, noise, out / "budget.png", commits)
+    slope = lambda f: (f"{f.slope:+.2f} ± {f.half:.2f}" if f.half is not None else f"{f.slope:+.2f}")  # noqa: E731
+    md = ["# Noise against budget: random vs uniform at 1x, 2x and 4x the decisive study's tokens", "",
+          f"Runs of commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c}`' for c in commits)} (the MLflow runs' "
+          "`mlflow.source.git.commit`), made with `python scripts/decisive_study.py --steps corpus,budget`: the "
+          "decisive study's setup (`+sweep=decisive_study`: the same corpus, partition, tiny GPT and 4,096 tokens per "
+          f"step) with `{' '.join(BUDGET_SWEEP)}`, two runs at a time on one CPU thread each "
+          "(`hydra/launcher=packed`). Every figure is on held-out macro perplexity (clusters weighted equally); SDs "
+          "and effects are shares of the mean (the difference's: of random's mean at that budget).", "",
+          "| tokens per run | steps | paired seeds | random: macro ppl | random: seed SD | uniform: seed SD | "
+          "uniform − random (95 % CI) | SD of the paired difference (95 % CI) | seeds for ± 2 % (at the SD's CI) | "
+          "CPU-hours for that design "
+          "| tokens/s per run | CPU-hours measured here |",
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        md.append(f"| {r['tokens']:,} | {r['steps']:,} | {r['seeds']} | {r['random_mean']:.1f} | "
+                  f"{r['random_seed_sd']:.2%} | {r['uniform_seed_sd']:.2%} | {r['effect']:+.2%} ± "
+                  f"{r['effect_ci95']:.2%} | {r['diff_sd']:.2%} ({r['diff_sd_lo']:.2%}–{r['diff_sd_hi']:.2%}) | "
+                  f"{r['seeds_for_2pct']:,} ({r['seeds_for_2pct_lo']:,}–{r['seeds_for_2pct_hi']:,}) | "
+                  f"{r['cpu_hours_for_2pct']:,.1f} | {r['tokens_per_s']:,.0f} | {r['measured_cpu_hours']:.2f} |")
+    md += ["", "Fitted in log–log over the budgets (SD ∝ budget^b, 95 % CI of b from Student's t with "
+           f"{len(rows) - 2} degree{'s' if len(rows) != 3 else ''} of freedom): paired difference b = "
+           f"{slope(noise) if noise else 'not fitted'}; random's seed SD b = {slope(seed_fits['random'])}; "
+           f"uniform's b = {slope(seed_fits['uniform'])}. b = −0.5 would be noise falling as the square root of the "
+           "tokens (Heineman et al. 2025 find noise falling with scale).", "",
+           "![noise and seeds needed against budget](budget.png)", "",
+           "The sweep's own report ([report.md](report.md), [report.html](report.html)) compares the samplers at "
+           "the largest budget and, in its section \"Budget and seeds\", fits the same runs with ccexp's "
+           "`ccexp.tracking.budget` and names the cheapest design and the command that runs it in the same sweep "
+           "folder; that section is copied here:", ""]
+    text = (out / "report.md").read_text()
+    section = text[text.index("## Budget and seeds"):]
+    section = section[:section.find("\n## ", 3) if section.find("\n## ", 3) > 0 else len(section)]
+    md += [line.replace("## ", "### ", 1) if line.startswith("## ") else line for line in section.splitlines()
+           if not line.startswith("Note: the verdict compares")]  # the report's note on its verdict, not shown here
+    (out / "README.md").write_text("\n".join(md).rstrip() + "\n")
+    print("budget files:", ", ".join(str(p) for p in [*files, out / "README.md", out / "budget.csv",
+                                                      out / "budget.png"]), flush=True)
+
+
+def budget_plot(rows: list[dict], noise, path: Path, commits: list[str], target: float = 0.02) -> None:
+    """Two log–log panels against tokens per run: the seed SDs and the paired difference's SD with its fitted
+    line (and the lines at the ends of b's 95 % CI, through the same centre); the paired seeds a ± ``target``
+    CI needs, measured at each budget and as the fit carries them to 2x and 4x the largest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    from ccexp.tracking.stats import seeds_for_half_width
+
+    tokens = np.array([r["tokens"] for r in rows], dtype=float)
+    far = np.geomspace(tokens[0], tokens[-1] * 4, 50)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for key, label, style in (("random_seed_sd", "random: seed SD", "o--"), ("uniform_seed_sd", "uniform: seed SD",
+                                                                              "s--")):
+        a.plot(tokens / 1e6, [100 * r[key] for r in rows], style, label=label, alpha=0.7)
+    sd = np.array([[r["diff_sd"], r["diff_sd_lo"], r["diff_sd_hi"]] for r in rows]) * 100
+    a.errorbar(tokens / 1e6, sd[:, 0], yerr=[sd[:, 0] - sd[:, 1], sd[:, 2] - sd[:, 0]], fmt="D", color="C2",
+               capsize=3, label="uniform − random: SD of the paired difference (95 % CI)")
+    if noise is not None:
+        line = lambda s: np.exp(noise.intercept + s * np.log(far) + (noise.slope - s) * np.log(tokens).mean())  # noqa: E731
+        a.plot(far / 1e6, 100 * line(noise.slope), color="C2", lw=1, label=f"fit: SD ∝ budget^{noise.slope:+.2f}")
+        if noise.half is not None:
+            for s in (noise.slope - noise.half, noise.slope + noise.half):
+                a.plot(far / 1e6, 100 * line(s), color="C2", lw=0.6, ls=":",
+                       label="b at the ends of its 95 % CI" if s < noise.slope else None)
+    shown = np.concatenate([sd.ravel(), [100 * r[k] for r in rows for k in ("random_seed_sd", "uniform_seed_sd")]])
+    a.set_ylim(shown.min() / 1.5, shown.max() * 1.5)  # the lines at the ends of b's CI leave the plot, not stretch it
+    a.set(xscale="log", yscale="log", xlabel="tokens per run (millions)", ylabel="SD, % of the mean",
+          title="Seed-to-seed noise of held-out macro ppl")
+    a.legend(fontsize=7, loc="lower right")
+    need = np.array([[r["seeds_for_2pct"], r["seeds_for_2pct_lo"], r["seeds_for_2pct_hi"]] for r in rows])
+    b.errorbar(tokens / 1e6, need[:, 0], yerr=[need[:, 0] - need[:, 1], need[:, 2] - need[:, 0]], fmt="D",
+               color="C2", capsize=3, label="at the measured noise (at its 95 % CI)")
+    if noise is not None:
+        b.plot(far / 1e6, [seeds_for_half_width(float(np.exp(noise.intercept + noise.slope * np.log(t))), target)
+                           for t in far], color="C2", lw=1, ls="--",
+               label="at the fitted noise (to 4x the largest budget)")
+    for r in rows:
+        b.annotate(f"{r['cpu_hours_for_2pct']:,.0f} CPU-h", (r["tokens"] / 1e6, r["seeds_for_2pct"]),
+                   textcoords="offset points", xytext=(4, 6), fontsize=8)
+    b.set(xscale="log", yscale="log", xlabel="tokens per run (millions)", ylabel="paired seeds",
+          title=f"Seeds for a 95 % CI of ± {target:.0%} (labels: CPU-hours)")
+    b.legend(fontsize=8)
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    sparse = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "125" else "")
+    for ax in (a, b):
+        ax.grid(alpha=0.3, which="both")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(sparse)
+    fig.suptitle(f"Decisive study corpus, random vs uniform, {rows[0]['seeds']}+ paired seeds per budget "
+                 f"(commit {', '.join(commits)})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
@@ -376,7 +551,8 @@ def main() -> None:
     ap.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "data" / "debmix")
     ap.add_argument("--outputs", type=Path, default=ROOT / "outputs")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "studies" / "decisive")
-    ap.add_argument("--steps", default="corpus,averaging,main,decompose,report")
+    ap.add_argument("--steps", default="corpus,averaging,main,decompose,report",
+                    help="comma-separated: corpus, averaging, main, decompose, report, budget")
     ap.add_argument("--seeds", type=int, default=12, help="seeds of the main sweep")
     ap.add_argument("--jobs", type=int, default=2, help="sweep jobs run at once (each on one CPU thread)")
     ap.add_argument("--averaging-from", type=Path, nargs="*", default=None,
@@ -399,6 +575,8 @@ def main() -> None:
         decompose(outputs, args.out, args.jobs)
     if "report" in steps:
         report(outputs, args.out)
+    if "budget" in steps:
+        budget(outputs, args.out / "budget", args.jobs)
 
 
 if __name__ == "__main__":
