@@ -546,19 +546,25 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+STEPS = ("corpus", "averaging", "main", "decompose", "report", "budget")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", type=Path, default=ROOT.parent / "shared" / "data" / "debmix")
     ap.add_argument("--outputs", type=Path, default=ROOT / "outputs")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "studies" / "decisive")
     ap.add_argument("--steps", default="corpus,averaging,main,decompose,report",
-                    help="comma-separated: corpus, averaging, main, decompose, report, budget")
+                    help=f"comma-separated, of: {', '.join(STEPS)}")
     ap.add_argument("--seeds", type=int, default=12, help="seeds of the main sweep")
     ap.add_argument("--jobs", type=int, default=2, help="sweep jobs run at once (each on one CPU thread)")
     ap.add_argument("--averaging-from", type=Path, nargs="*", default=None,
                     help="measure averaging on these sweep folders (with checkpoints) instead of running its sweep")
     args = ap.parse_args()
     steps = args.steps.split(",")
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:  # a misspelt step would otherwise do nothing, silently
+        ap.error(f"unknown step(s) {', '.join(unknown)}: the steps are {', '.join(STEPS)}")
     outputs = args.outputs.resolve()
     if "corpus" in steps:
         if not (args.src / "MANIFEST.json").is_file():
