@@ -33,6 +33,34 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def replace_folder(new: Path, final: Path) -> None:
+    """Put folder ``new`` at ``final`` (a folder, a file, or nothing): the old one is renamed aside first and removed
+    after, so ``final`` is always either the old whole content or the new whole one (absent only for the instant
+    between two renames)."""
+    old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:12]}") if final.exists() else None
+    if old is not None:
+        os.replace(final, old)
+    os.replace(new, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+
+
+@contextmanager
+def folder_written_whole(final: Path) -> Iterator[Path]:
+    """Write a folder at ``final`` whole or not at all: the body writes into the yielded temporary sibling
+    (``.<name>.tmp-<id>``), which replaces ``final`` ([`replace_folder`][ccexp.artifacts.replace_folder]) when the body
+    ends, and is removed if it raises."""
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        replace_folder(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def fingerprint(stage: str, version: int, config: Any, inputs: dict[str, str] | None = None) -> str:
     """Return a 16-hex-digit SHA-256 fingerprint of ``(stage, version, config, inputs)``.
 

@@ -337,9 +337,6 @@ def _check_trainer(cfg: DictConfig) -> None:
             or OmegaConf.is_list(devices)):
         raise CcexpError(f"trainer.devices={devices!r} is not valid; use a count >= 1, -1 (all), 'auto' or a list of ids")
     check_fsdp_options(t)
-    if str(t.strategy).startswith("fsdp") and t.accelerator == "cpu":
-        raise CcexpError("trainer.strategy=fsdp needs CUDA GPUs (Lightning's FSDP does not run on the CPU); use "
-                         "trainer=fsdp on a GPU machine, or trainer.strategy=ddp_spawn on the CPU")
     if t.accelerator in ("gpu", "cuda"):
         import torch
 
@@ -450,10 +447,10 @@ def _check_model(cfg: DictConfig) -> None:
     embedder = schemas.component("embedder", cfg.embedder)
     if "pretrained" in embedder.needs and not embedder.uses_run_model(cfg.embedder):
         require_local_model(cfg.embedder.model, "embedder.model", causal_lm=True, tokenizer=True)
-    if cfg.eval.lm_eval is not None and cfg.eval.lm_eval.tasks:
-        from ccexp.evaluation.lm_eval_bridge import check_tasks_offline
+    if cfg.eval.lm_eval is not None:
+        from ccexp.evaluation.lm_eval_bridge import check_lm_eval
 
-        check_tasks_offline(list(cfg.eval.lm_eval.tasks))
+        check_lm_eval(cfg.eval.lm_eval)
 
 
 def _check_components(cfg: DictConfig) -> None:

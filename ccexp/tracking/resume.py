@@ -53,10 +53,17 @@ class Resume:
 def unreadable(path: Path) -> str | None:
     """Why checkpoint ``path`` cannot be resumed from (None when it reads whole): a Lightning checkpoint is
     a zip archive whose directory sits at its end, so a truncated file has none; a sharded (FSDP)
-    checkpoint is a folder with its ``.metadata``."""
+    checkpoint is a folder with torch.distributed.checkpoint's ``.metadata`` (written once every rank's shard is) and
+    Lightning's ``meta.pt`` (written after it), renamed into place whole
+    ([`ccexp.training.distributed.FSDPStrategy.save_checkpoint`][ccexp.training.distributed.FSDPStrategy.save_checkpoint])."""
     try:
         if path.is_dir():
-            return None if (path / ".metadata").is_file() else "a sharded checkpoint folder without its .metadata"
+            missing = [name for name in (".metadata", "meta.pt") if not (path / name).is_file()]
+            if missing:
+                return f"a sharded checkpoint folder without its {' and '.join(missing)}"
+            with zipfile.ZipFile(path / "meta.pt") as z:
+                z.namelist()
+            return None
         with zipfile.ZipFile(path) as z:
             z.namelist()
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ccexp.errors import CcexpError
+from ccexp.training.distributed import empty_model
 
 
 def tiny_gpt(vocab_size: int, eos_id: int, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
@@ -24,8 +25,9 @@ def hf_causal_lm(pretrained: str, dtype: str = "float32", gradient_checkpointing
     """Load a causal LM from a local folder or the local Hugging Face cache (never downloads).
 
     ``vocab_size`` and ``eos_id`` (from the tokenizer stage) are accepted for a uniform call and unused.
-    ``empty``: build the architecture on the meta device without reading weights (FSDP ranks other
-    than 0, whose values are broadcast from rank 0: [`ccexp.training.distributed`][ccexp.training.distributed]).
+    ``empty``: build the architecture without reading weights, its parameters on the meta device and its buffers
+    computed for real ([`ccexp.training.distributed.empty_model`][ccexp.training.distributed.empty_model]): FSDP ranks
+    other than 0, whose parameter values are broadcast from rank 0.
 
     Raises:
         CcexpError: if the model is not available locally.
@@ -36,9 +38,9 @@ def hf_causal_lm(pretrained: str, dtype: str = "float32", gradient_checkpointing
     try:
         if empty:
             config = AutoConfig.from_pretrained(pretrained, local_files_only=True)
-            with torch.device("meta"):
-                return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-        model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=getattr(torch, dtype), local_files_only=True)
+            model = empty_model(lambda: AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=getattr(torch, dtype), local_files_only=True)
     except (OSError, ValueError) as e:
         reason = " ".join(str(e).split())[:300]
         if Path(pretrained).expanduser().exists():
