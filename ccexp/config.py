@@ -208,6 +208,9 @@ class TrainConfig:
     resume_from: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = ge(1, None)  # also keep checkpoints/step-N.ckpt every N steps
     record_batches: bool = False  # save each rank's trained documents per step to <run>/batches/
+    # write the final weights to <run>/model as a Hugging Face folder (safetensors and the tokenizer; under FSDP
+    # streamed from the sharded checkpoint, never gathered in memory); lm-eval under FSDP writes it anyway
+    save_model: bool = False
 
 
 @dataclass
@@ -679,7 +682,8 @@ class LoggerConfig:
 class LmEvalConfig:
     local_tasks: bool = True  # per-label perplexity + a continuation multiple-choice task from held-out docs
     label_field: str = "domain"  # one perplexity task per value of this label (if the corpus has it)
-    tasks: list[str] = field(default_factory=list)  # standard lm-eval tasks, if cached locally
+    tasks: list[str] = field(default_factory=list)  # standard lm-eval tasks (cached locally), or tasks of include_path
+    include_path: Optional[str] = None  # a folder of your own lm-eval task YAMLs (lm-eval's --include_path)
     limit: Optional[int] = None  # documents per task
     batch_size: int = 16  # lm-eval's batch size
     max_docs_per_task: int = 100  # documents scored per task (a fixed subset: the same for every run)

@@ -12,7 +12,7 @@ from ccexp import stages
 from ccexp.artifacts import StageStore
 from ccexp.data.sources import source_mix
 from ccexp.evaluation.balance import write_run_files
-from ccexp.evaluation.heldout import evaluate
+from ccexp.evaluation.heldout import evaluate, heldout_share
 from ccexp.names import run_name
 from ccexp.preflight import check_cluster_counts, preflight
 from ccexp.runtime import Phases, quiet_libraries
@@ -60,21 +60,21 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
         fit = runner.fit(cfg, run_dir, record.loggers, stream, model, tokenized, split, corpus.labels,
                          signature=signature, resume_from=resume.checkpoint)
         phases.mark("train")  # the fit, with the mlflow run's start and the held-out curve's points
-        if not fit.is_global_zero:
-            return {}
-        result = evaluate(cfg.eval, fit.model, tokenized, split, corpus, run_dir, average=fit.average)
-        phases.mark("eval")
+        if not fit.is_global_zero:  # under FSDP this rank scores its share of the held-out documents, then stops
+            return heldout_share(cfg.eval, fit, tokenized, split)
+        result = evaluate(cfg.eval, fit.model, tokenized, split, corpus, run_dir, average=fit.average, ranks=fit.ranks,
+                          lm_model=lambda: runner.whole_model(fit, cfg.trainer, run_dir, tokenized), mark=phases.mark)
+        if cfg.train.save_model:  # <run>/model: a Hugging Face folder (under FSDP streamed from the checkpoint)
+            record.set_tag("model_folder", str(runner.whole_model_folder(fit, run_dir, tokenized.tokenizer)))
         files = write_run_files(cfg, run_dir, record.name, split.sizes, fit, result, corpus.labels, split.train_docs)
-        # the metrics' step: fit.steps, the last trained (train.steps unless a callback stopped it early)
-        record.log_stages(stage.results, stage.cluster_report(), fit.steps, stage.curation_report())
+        record.log_stages(stage.results, stage.cluster_report(), fit.steps, stage.curation_report())  # at the last step
         record.log_metrics({**result.for_mlflow(cfg.eval.max_cluster_metrics, split.num_clusters), **fit.metrics(),
                             "time/eval_seconds": result.seconds, **phases.metrics()}, fit.steps)
         for path, folder in [*files, (phases.write(run_dir / "timing.json", stage.fingerprints()), None)]:
             record.log_artifacts([path], folder)
         fit.raise_if_stopped_early(cfg.train.steps)  # incomplete: KILLED, not FINISHED; a resume continues it
-        record.finish({**{f"eval_error/{part}": msg for part, msg in result.errors.items()},
-                       "stream_digest": fit.stream.digest}, step=fit.steps, metrics=result.metrics,
-                      fingerprints=stage.fingerprints())
+        record.finish({**{f"eval_error/{p}": m for p, m in result.errors.items()}, "stream_digest": fit.stream.digest},
+                      step=fit.steps, metrics=result.metrics, fingerprints=stage.fingerprints())
     phases.done(record.name, fit.seconds, fit.module.tokens_seen, run_dir)  # the time: and done: lines
     return result.metrics
 

@@ -84,13 +84,18 @@ FINAL_METRICS = ("ppl", "ppl_macro", "ppl_worst", "ppl_rare", "ppl_common", "bpb
 
 
 def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit, corpus: Corpus,
-             run_dir: Path, average=None) -> EvalResult:
+             run_dir: Path, average=None, ranks: tuple[int, int] = (0, 1), lm_model=None, mark=None) -> EvalResult:
     """Score every held-out document on its first ``eval.max_tokens`` tokens (``settings``: the ``eval``
     option) and aggregate
     ([`ccexp.evaluation.perplexity`][ccexp.evaluation.perplexity]); then lm-eval when configured. Each part is [`isolated`][ccexp.evaluation.heldout.isolated].
 
     ``average`` (the averaged weights of ``eval.average``, or None): the headline metrics and lm-eval
-    are scored on it, and ``model``'s (the final weights') summary is kept as ``final/<name>``."""
+    are scored on it, and ``model``'s (the final weights') summary is kept as ``final/<name>``.
+    ``ranks`` (rank 0, world size): ``model`` is sharded over that many ranks, which score their shares of the
+    held-out documents together (the others call [`heldout_share`][ccexp.evaluation.heldout.heldout_share]).
+    ``lm_model``: a function returning the model lm-eval scores whole (None: ``model``, or ``average``).
+    ``mark``: called with ``"eval"`` once the held-out parts are done and ``"lm_eval"`` after lm-eval (the run's
+    [`ccexp.runtime.Phases.mark`][ccexp.runtime.Phases.mark]: each part's time and memory peak)."""
     t0 = time.perf_counter()
     errors: dict[str, str] = {}
     held = split.heldout_docs
@@ -99,7 +104,7 @@ def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: Tra
                       held, settings.max_tokens, tokenized.prompt_tokens)
     names = label_names(corpus.labels)
     report = isolated("heldout", errors, run_dir, heldout_perplexity, settings, model if average is None else average,
-                      tokenized, split, held_labels, names, nbytes)
+                      tokenized, split, held_labels, names, nbytes, ranks=ranks)
     metrics = dict(report.metrics) if report else {}
     if average is not None:
         final = isolated("heldout_final", errors, run_dir, heldout_perplexity, settings, model, tokenized, split,
@@ -110,28 +115,53 @@ def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: Tra
     nan = np.full(split.num_clusters, np.nan)
     per_cluster = report.per_cluster if report else {"nll": nan, "tokens": np.zeros_like(nan),
                                                      "documents": np.zeros(split.num_clusters, np.int64), "ppl": nan}
+    mark = mark or (lambda phase: None)
+    mark("eval")
     if settings.lm_eval is not None:
         from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
 
-        lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, settings.lm_eval, model, tokenized.tokenizer,
-                              take(corpus.texts, held), held_labels, run_dir) or {}
+        whole = isolated("lm_eval", errors, run_dir, lm_model) if lm_model is not None else model
+        lm_metrics = {}
+        if whole is not None:  # None: loading the whole model failed (an lm_eval error already)
+            lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, settings.lm_eval, whole, tokenized.tokenizer,
+                                  take(corpus.texts, held), held_labels, run_dir) or {}
         metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
         log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
                                           if k.endswith(("/acc", "/word_perplexity"))))
+        mark("lm_eval")
     return EvalResult(metrics, per_cluster, time.perf_counter() - t0, errors, report.per_document if report else None)
+
+
+def heldout_share(settings: DictConfig, fit, tokenized: TokenizedCorpus, split: TrainSplit) -> dict[str, float]:
+    """What a rank other than 0 does after training: under FSDP (``fit.sharded``, a
+    [`ccexp.training.runner.FitResult`][ccexp.training.runner.FitResult]) its share of the held-out scoring that rank 0
+    runs in [`evaluate`][ccexp.evaluation.heldout.evaluate] (every rank takes part in every forward pass); nothing
+    otherwise. Returns ``{}``: the metrics are rank 0's."""
+    if fit.sharded:
+        heldout_nll(settings, fit.model, tokenized, split, fit.ranks)
+    return {}
+
+
+def heldout_nll(settings: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit,
+                ranks: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, np.ndarray]:
+    """Every held-out document's summed NLL (float64[n], nats) and scored tokens (int64[n]) with the ``eval`` option's
+    ``settings``; with ``ranks`` = (rank, world size) of a sharded model, this rank scores its share and every rank
+    gets the sums ([`ccexp.evaluation.perplexity.document_nll`][ccexp.evaluation.perplexity.document_nll])."""
+    tok = tokenized.tokenizer
+    return document_nll(model, tokenized.tokens, tokenized.offsets, split.heldout_docs, eos_id=tokenized.separator_id,
+                        prompt_tokens=tokenized.prompt_tokens, pad_id=tok.pad_token_id, max_tokens=settings.max_tokens,
+                        batch_size=settings.batch_size, device=next(model.parameters()).device, ranks=ranks)
 
 
 def heldout_perplexity(settings: DictConfig, model, tokenized: TokenizedCorpus, split: TrainSplit,
                        held_labels: dict[str, list[str]], names: dict[str, dict[str, str]] | None = None,
-                       nbytes: np.ndarray | None = None, weights: str | None = None):
+                       nbytes: np.ndarray | None = None, weights: str | None = None, ranks: tuple[int, int] = (0, 1)):
     """Held-out perplexity overall, per cluster and per label, and bits per byte when ``nbytes``
     (int64[n], the scored bytes of each held-out document) is given (`PerplexityReport`), with the
-    ``eval`` option's ``settings``; ``weights`` names the weights in the log line (default: ``eval.average``'s)."""
-    tok, held = tokenized.tokenizer, split.heldout_docs
-    nll, ntok = document_nll(model, tokenized.tokens, tokenized.offsets, held, eos_id=tokenized.separator_id,
-                             prompt_tokens=tokenized.prompt_tokens,
-                             pad_id=tok.pad_token_id, max_tokens=settings.max_tokens, batch_size=settings.batch_size,
-                             device=next(model.parameters()).device)
+    ``eval`` option's ``settings``; ``weights`` names the weights in the log line (default: ``eval.average``'s);
+    ``ranks``: see [`heldout_nll`][ccexp.evaluation.heldout.heldout_nll]."""
+    held = split.heldout_docs
+    nll, ntok = heldout_nll(settings, model, tokenized, split, ranks)
     report = summarize(nll, ntok, split.labels[held], split.num_clusters, held_labels,
                        min_cluster_docs=settings.min_cluster_docs, sizes=split.sizes, label_names=names,
                        nbytes=nbytes)

@@ -60,20 +60,35 @@ def scored_bytes(tokenizer, tokens: np.ndarray, offsets: np.ndarray, docs: np.nd
 def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray, docs: np.ndarray, *,
                  eos_id: int, pad_id: int, max_tokens: int, batch_size: int = 32,
                  device: torch.device | str = "cpu", prompt_tokens: np.ndarray | None = None,
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 ranks: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, np.ndarray]:
     """Summed NLL (float64[n], nats) and scored token count (int64[n]) of each document in ``docs``,
     read from its start (after the separator) for at most ``max_tokens`` tokens.
 
     ``prompt_tokens`` (instruction data, int64[N] over the corpus): only response tokens are scored,
     each window holding the last at most ``max_tokens // 2`` prompt tokens as context and then the
     response, ``max_tokens`` tokens in all.
+
+    ``ranks`` = (rank, world size) of an initialised ``torch.distributed`` group: the documents are cut into the same
+    batches as on one process (by length, ``batch_size`` each) and batch b is scored by rank ``b mod world``; a rank
+    with one batch fewer runs one forward pass on a two-token row, so that every rank calls ``model`` the same number
+    of times (a sharded model's forward is collective), and the NLLs are summed over ranks (each document's by
+    exactly one rank, so the result equals one process's bit for bit when the model computes alike). Every rank
+    gets every document's NLL. ``model`` may be the FSDP root (its forward gathers the shards).
     """
+    rank, world = ranks
+    was_training = model.training
     model.eval()
     docs = np.asarray(docs, dtype=np.int64)
     begin, context, lengths = scored_windows(offsets, docs, max_tokens, prompt_tokens)
     nll = np.zeros(docs.size, dtype=np.float64)
     order = np.argsort(lengths, kind="stable")  # batch similar lengths together
-    for start in range(0, docs.size, batch_size):
+    starts = range(0, docs.size, batch_size)
+    mine = list(starts)[rank::world]
+    for start in mine + [None] * (-(-len(starts) // world) - len(mine)):
+        if start is None:  # this rank's share is one batch short: a forward pass to keep in step with the others
+            ids_t = torch.full((1, 2), eos_id, dtype=torch.int64, device=device)
+            model(input_ids=ids_t, attention_mask=torch.ones_like(ids_t))
+            continue
         sel = order[start:start + batch_size]
         width = int(lengths[sel].max()) + 1
         ids = np.full((sel.size, width), pad_id, dtype=np.int64)
@@ -92,6 +107,13 @@ def document_nll(model: torch.nn.Module, tokens: np.ndarray, offsets: np.ndarray
         loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100,
                                reduction="none").view_as(target)
         nll[sel] = loss.sum(dim=1).double().cpu().numpy()
+    model.train(was_training)
+    if world > 1:
+        import torch.distributed as dist
+
+        summed = torch.from_numpy(nll).to(device)
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        nll = summed.cpu().numpy()
     return nll, (lengths - context).astype(np.int64)
 
 

@@ -85,8 +85,8 @@ class HeldoutCurve(Callback):
     score a fixed sample of held-out documents and log ``curve/ppl``, ``curve/ppl_macro``,
     ``curve/ppl_worst`` and ``curve/ppl_<label>/<value>`` with the MLflow step set to the *tokens
     trained*, so runs of different samplers compare on one axis (in TensorBoard and W&B, whose scalars share
-    one step axis, at the optimizer step with ``curve/tokens_trained`` beside them). Every rank scores the sample (a
-    sharded model needs all of them); rank 0 logs. Plain data only, so it pickles into spawned ranks.
+    one step axis, at the optimizer step with ``curve/tokens_trained`` beside them). The ranks score shares of the
+    sample (a sharded model needs all of them in every forward pass); rank 0 logs. Plain data only, so it pickles into spawned ranks.
 
     Args:
         every: optimizer steps between evaluations.
@@ -109,10 +109,11 @@ class HeldoutCurve(Callback):
     def _evaluate(self, trainer, pl_module) -> None:
         from ccexp.evaluation.perplexity import document_nll, summarize
 
-        model = pl_module.model
-        was_training = model.training
-        nll, ntok = document_nll(model, self.tokens, self.offsets, self.docs, device=pl_module.device, **self.score_args)
-        model.train(was_training)
+        # the ranks score shares of the sample; a sharded model through its FSDP root, whose forward gathers the shards
+        sharded = type(trainer.strategy.model).__name__ == "FullyShardedDataParallel"
+        model = trainer.strategy.model if sharded else pl_module.model
+        nll, ntok = document_nll(model, self.tokens, self.offsets, self.docs, device=pl_module.device,
+                                 ranks=(trainer.global_rank, trainer.world_size), **self.score_args)
         if not trainer.is_global_zero:
             return
         report = summarize(nll, ntok, self.clusters, self.num_clusters, self.labels, min_cluster_docs=self.min_cluster_docs,

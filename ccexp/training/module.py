@@ -73,6 +73,11 @@ class CausalLMModule(L.LightningModule):
         self.last_loss = float("nan")
         self.signature = dict(signature or {})  # what defines this run's stream and model, saved in checkpoints
 
+    def forward(self, **inputs):
+        """The causal LM on ``inputs`` (``input_ids``, ``attention_mask``, ...; its ``transformers`` output): how
+        held-out scoring calls a sharded model, through the FSDP root whose forward gathers the root's shards."""
+        return self.model(**inputs)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["ccexp"] = self.signature
 

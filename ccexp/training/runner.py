@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.strategies import FSDPStrategy
 from omegaconf import DictConfig
 
 from ccexp.build import build
@@ -286,7 +287,9 @@ class FitResult:
     seconds: float
     stream: TokenStream
     telemetry: SamplerTelemetry
-    model: torch.nn.Module | None = None  # the trained model, whole (gathered on rank 0 when it was sharded)
+    # the trained model: whole, or under FSDP the wrapped root on every rank (its forward gathers the shards), scored
+    # with ``ranks``
+    model: torch.nn.Module | None = None
     group_field: str | None = None  # the label whose values the module counted tokens for (module.group_*)
     group_names: list[str] | None = None  # its values, by group id
     group_ids: np.ndarray | None = None  # int64[N] each corpus document's group id
@@ -294,6 +297,13 @@ class FitResult:
     steps: int = 0  # optimizer steps reached (train.steps unless a callback stopped training early)
     stopped_by: str | None = None  # the callback that stopped training before train.steps, if one did
     checkpoint: str | None = None  # where the state of a run stopped early is saved, to resume from
+    ranks: tuple[int, int] = (0, 1)  # (rank, world size) that score the model together: the FSDP ranks, else (0, 1)
+    exported: Path | None = None  # the Hugging Face folder of the trained model, once written (whole_model_folder)
+
+    @property
+    def sharded(self) -> bool:
+        """True when the model is sharded over ranks that must all take part in scoring it."""
+        return self.ranks[1] > 1
 
     def raise_if_stopped_early(self, steps: int) -> None:
         """Raise [`StoppedEarly`][ccexp.errors.StoppedEarly] when a callback stopped training before ``steps``.
@@ -305,6 +315,16 @@ class FitResult:
             from ccexp.errors import StoppedEarly
 
             raise StoppedEarly(self.steps, steps, self.checkpoint, self.stopped_by)
+
+    def release_training_state(self) -> None:
+        """Free what only training needed (the optimizer's state: AdamW's two moments, 8 bytes a parameter, and
+        the last step's gradients, on this rank's device), before a whole copy of the model is loaded for lm-eval."""
+        trainer = self.module._trainer
+        for optimizer in (trainer.optimizers if trainer is not None else []):
+            optimizer.state.clear()
+            optimizer.zero_grad(set_to_none=True)  # the last step's gradient shards
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def metrics(self) -> dict[str, float]:
         """``train/*`` and ``data/*`` figures of the run."""
@@ -427,11 +447,9 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
     trainer = build_trainer(cfg, run_dir, loggers, [c for c in callbacks + [boundary] if c is not None], model)
     with contextlib.suppress(StoppedByCallback):  # its checkpoint is saved; the model at that step is evaluated
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    from ccexp.training.distributed import gather_full_model
-
-    whole = gather_full_model(trainer, module) if isinstance(trainer.strategy, FSDPStrategy) else module.model
+    sharded = isinstance(trainer.strategy, FSDPStrategy)  # scored sharded, on every rank: never gathered whole
+    # Lightning's teardown left an unsharded model on the CPU (Strategy.teardown): back on the training device
+    whole = trainer.strategy.model if sharded else module.model.to(trainer.strategy.root_device)
     spawned, reached = "spawn" in str(cfg.trainer.strategy), int(trainer.global_step)
     if spawned:
         # the ranks ran in child processes: take the sampler and stream state of the final checkpoint
@@ -444,7 +462,45 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
             average.load_state_dict(state["callbacks"][average.state_key])
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
                      group_field, group_names, groups, None if average is None else average.model,
-                     steps=reached, **_stopped_early(trainer, boundary, reached, int(cfg.train.steps), spawned))
+                     steps=reached, ranks=(trainer.global_rank, trainer.world_size) if sharded else (0, 1),
+                     **_stopped_early(trainer, boundary, reached, int(cfg.train.steps), spawned))
+
+
+def whole_model_folder(fit: FitResult, run_dir: Path, tokenizer) -> Path:
+    """``<run_dir>/model``, the trained model as a Hugging Face folder ([`ccexp.training.export`][ccexp.training.export]),
+    written now unless this run already wrote it: from the model itself, or under FSDP streamed from the run's final
+    checkpoint (``checkpoints/last.ckpt``, sharded or full). Rank 0 only, after training."""
+    from ccexp.training.export import export_checkpoint, export_model
+
+    out = Path(run_dir) / "model"
+    if fit.exported == out and out.is_dir():
+        return out
+    if type(fit.model).__name__ == "FullyShardedDataParallel":
+        checkpoint = Path(fit.checkpoint or Path(run_dir) / "checkpoints" / "last.ckpt")
+        export_checkpoint(checkpoint, fit.module.model.config, out, tokenizer)
+    else:
+        export_model(fit.module.model, out, tokenizer)
+    fit.exported = out
+    return out
+
+
+def whole_model(fit: FitResult, trainer: DictConfig, run_dir: Path, tokenized: TokenizedCorpus) -> torch.nn.Module:
+    """The trained model whole, for lm-eval: the model itself when it was not sharded; under FSDP the optimizer's
+    state is freed ([`FitResult.release_training_state`][ccexp.training.runner.FitResult.release_training_state]) and
+    the exported folder ([`whole_model_folder`][ccexp.training.runner.whole_model_folder]) is loaded on rank 0's device,
+    in the training's compute dtype (bfloat16 for ``bf16-*`` precision: half the bytes of float32 weights)."""
+    from ccexp.training.export import load_exported
+
+    if type(fit.model).__name__ != "FullyShardedDataParallel":
+        return fit.model
+    fit.release_training_state()
+    folder = whole_model_folder(fit, run_dir, tokenized.tokenizer)
+    precision = str(trainer.precision)
+    dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16 if precision.startswith("16") else None
+    device = next(fit.model.parameters()).device
+    log.info("lm-eval: the trained model loaded whole from %s on %s%s", folder, device,
+             f" in {str(dtype).removeprefix('torch.')}" if dtype is not None else "")
+    return load_exported(folder, device, dtype)
 
 
 def _stopped_early(trainer, boundary: StopAtStepEnd, reached: int, steps: int, spawned: bool) -> dict:
