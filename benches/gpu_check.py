@@ -4,8 +4,9 @@ installs nothing).
 
   a. FSDP at ~1B parameters: the llama2_7b recipe's architecture at reduced depth, random init, through
      ``python -m ccexp +recipe=llama2_7b trainer.devices=1`` (bf16-mixed, activation checkpointing,
-     sharded checkpoints): 20 steps; a resume from the step-10 checkpoint must end bit-identical to the
-     uninterrupted run; peak GPU memory against ``python -m ccexp.plan model`` (goal: within 15 %);
+     sharded checkpoints): 20 steps, then held-out scoring on the sharded model; a resume from the step-10
+     checkpoint must end bit-identical to the uninterrupted run; peak GPU memory against ``python -m ccexp.plan
+     model`` (goal: within 15 %), and each phase's measured peak (``timing.json``) against the plan's;
      tokens/s and model FLOPs utilisation (6·N·tokens/s over the GPU's bf16 peak).
   b. plain training: the default job's tiny_gpt and ``+recipe=smollm2_135m`` with ``trainer=gpu``,
      tokens/s against a plain PyTorch loop (same model and batch, AdamW, bf16 autocast; goal within 5 %).
@@ -84,11 +85,12 @@ def figure(check: str, name: str, value, unit: str = "") -> None:
 
 
 def recipe_architecture(name: str = "llama2_7b") -> dict:
-    """``model.architecture`` of ``ccexp/conf/recipe/<name>.yaml`` (the numbers of its config.json)."""
+    """``model.architecture`` of recipe ``name``: its model option ``ccexp/conf/model/recipe/<name>.yaml`` (the numbers
+    of its config.json)."""
     from omegaconf import OmegaConf
 
-    node = OmegaConf.load(ROOT / "ccexp" / "conf" / "recipe" / f"{name}.yaml")
-    return OmegaConf.to_container(node.model.architecture, resolve=True)
+    node = OmegaConf.load(ROOT / "ccexp" / "conf" / "model" / "recipe" / f"{name}.yaml")
+    return OmegaConf.to_container(node.architecture, resolve=True)
 
 
 def llama_parameters(arch: dict, layers: int) -> int:
@@ -406,12 +408,35 @@ def check_a(work: Path) -> dict:
             if res.get("plan_total_gib"):
                 res["plan_error"] = res["plan_total_gib"] / res["peak_allocated_gib"] - 1
                 figure("a", "plan_vs_peak", res["plan_error"], "(plan / measured - 1; goal |x| <= 0.15)")
+    res["phases"] = phase_memory(out_of_plan=res.get("plan_output") or [], timing=work / "a" / "full" / "timing.json")
     res["resume"] = resume_identical(work, runs)
     goals = {"runs": all(r.get("rc") == 0 for r in runs.values()) and len(runs) == 2,
              "resume_bit_identical": bool(res["resume"].get("identical")),
              "plan_within_15pct": res.get("plan_error") is not None and abs(res["plan_error"]) <= 0.15}
     res["goals"], res["passed"] = goals, all(goals.values())
     return res
+
+
+def phase_memory(out_of_plan: list[str], timing: Path) -> dict:
+    """Each phase's peak as the run measured it (``timing.json``'s ``memory_bytes``: the CUDA allocator's peak per
+    phase, ccexp.runtime.Phases) beside ``python -m ccexp.plan model``'s ``peak per phase`` lines: the ratio
+    measured / planned per phase (reported; the goal is on training's)."""
+    planned = {}
+    for line in out_of_plan:
+        m = re.match(r"\s+(embedding|training|evaluation|lm-eval)\s+([\d.]+)", line)
+        if m:
+            planned[m[1]] = float(m[2])
+    if not timing.is_file():
+        return {"error": f"{timing} was not written"}
+    measured = json.loads(timing.read_text()).get("memory_bytes", {})
+    out = {}
+    for phase, mark in (("embedding", "embed"), ("training", "train"), ("evaluation", "eval"), ("lm-eval", "lm_eval")):
+        if mark in measured and planned.get(phase):
+            gib = measured[mark]["peak"] / 2**30
+            out[phase] = {"planned_gib": planned[phase], "measured_gib": gib, "ratio": gib / planned[phase]}
+            figure("a", f"phase_{mark}_peak", gib, f"GiB measured, {planned[phase]:.2f} planned "
+                                                   f"({gib / planned[phase]:.2f}x)")
+    return out
 
 
 def resume_identical(work: Path, runs: dict) -> dict:

@@ -13,7 +13,8 @@ one plot.
 ``python -m ccexp.plan model`` — will it fit? A dry run that builds the configured model on the
 meta device (no weights, no download) and prints its parameters and the per-GPU memory of weights,
 gradients, optimizer state and activations under the chosen trainer strategy, precision and
-micro-batch.
+micro-batch, then the peak of every phase of a run (embedding, training, held-out evaluation, lm-eval:
+[`phase_peaks`][ccexp.plan.phase_peaks]); it fits when the largest does.
 
     python -m ccexp.plan model +recipe=llama2_7b [--gpu-gb 80] [key=value ...]
 
@@ -116,12 +117,81 @@ def estimate(cfg, model, config, gpu_gb: float) -> dict:
     acts = (layers * sbh * 2 + 34 * sbh) if checkpointing else layers * 34 * sbh
     logits = 2 * 4 * m * s * vocab
     total = weights + grads + optim + acts + logits
-    return {"parameters": params, "world_size": world, "strategy": strategy + (f" {shard}" if shard else ""),
+    phases = phase_peaks(cfg, config, params, world, weights, grads, optim, total)
+    return {"phases_gib": {k: v / GIB for k, v in phases.items()}, "parameters": params, "world_size": world,
+            "strategy": strategy + (f" {shard}" if shard else ""),
             "precision": precision, "micro_batch": m, "seq_len": s, "activation_checkpointing": checkpointing,
             "weights_gib": weights / GIB, "gradients_gib": grads / GIB, "optimizer_gib": optim / GIB,
             "activations_gib": acts / GIB, "logits_gib": logits / GIB, "total_gib": total / GIB,
-            "gpu_gib": gpu_gb * 1e9 / GIB, "fits": total * 1.1 <= gpu_gb * 1e9,
+            "gpu_gib": gpu_gb * 1e9 / GIB, "fits": max(phases.values()) * 1.1 <= gpu_gb * 1e9,
             "grad_accumulation": int(cfg.train.grad_accumulation), "tokens_per_step": int(cfg.train.tokens_per_step)}
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# tokens of lm-eval's longest request the plan assumes: the local tasks' documents are cut at 1,500 characters
+# (ccexp.evaluation.lm_eval_bridge), and a standard task's few-shot prompt (MMLU 5-shot, GSM8K 8-shot) is shorter
+LM_EVAL_WINDOW = 2048
+
+
+def _embedder_bytes(cfg, config, params: int) -> float:
+    """The embedding phase on one device: the embedder's weights and one batch's forward (no gradient kept): its
+    hidden states ``b·s·h`` in a few copies and, for the gradient proxy (the run's causal LM), its fp32 logits."""
+    from ccexp.config import component
+
+    emb = cfg.embedder
+    b, s = int(emb.batch_size), int(emb.max_seq_length)
+    dtype = str(emb.get("dtype", "float32"))
+    width = DTYPE_BYTES.get(dtype, 2 if dtype == "auto" else 4)
+    if component("embedder", emb).uses_run_model(emb):  # CluSTER's proxy: the run's model, whole, on each rank
+        h = int(getattr(config, "hidden_size", getattr(config, "n_embd", 0)))
+        return params * width + 8 * b * s * h * width + 2 * 4 * b * s * int(config.vocab_size)
+    try:  # a sentence-transformers folder: its own config.json, built on the meta device
+        import torch
+        from transformers import AutoConfig, AutoModel
+
+        from ccexp.embedding.sentence import resolve_model_path
+
+        econf = AutoConfig.from_pretrained(resolve_model_path(str(emb.model)), local_files_only=True)
+        with torch.device("meta"):
+            eparams = sum(p.numel() for p in AutoModel.from_config(econf).parameters())
+        h = int(getattr(econf, "hidden_size", 384))
+    except Exception:  # a folder only a real run can read: MiniLM's size, the packaged default
+        eparams, h = 22_700_000, 384
+    return eparams * 4 + 16 * b * s * h * width
+
+
+def phase_peaks(cfg, config, params: int, world: int, weights: float, grads: float, optim: float,
+                training: float) -> dict[str, float]:
+    """Bytes per device at the peak of each phase of a run, in the order they happen:
+
+    * ``embedding``: [`_embedder_bytes`][ccexp.plan._embedder_bytes] (before the model is built);
+    * ``training``: the states and activations of the module docstring;
+    * ``evaluation``: held-out scoring with the trained model as it is (sharded under FSDP, the training states still
+      held): one no-grad forward of ``eval.batch_size`` rows of ``eval.max_tokens`` tokens, its logits in the compute
+      dtype plus their fp32 copy and the cross-entropy's (``3 · 4·b·s·V``), hidden states ``8·b·s·h``;
+    * ``lm-eval``: under FSDP the optimizer state and gradients are freed, the weight shards stay, and the exported
+      model is loaded whole on rank 0 in the compute dtype (bf16 for ``bf16-*``), one batch of
+      ``eval.lm_eval.batch_size`` windows scored (fp32 log-softmax), a window the model's context or
+      [`LM_EVAL_WINDOW`][ccexp.plan.LM_EVAL_WINDOW] tokens, whichever is shorter (lm-eval pads a batch to its longest
+      request); elsewhere the trained model itself, the training states freed by Lightning's teardown. 0 when
+      ``eval.lm_eval`` is off.
+    """
+    h = int(getattr(config, "hidden_size", getattr(config, "n_embd", 0)))
+    vocab = int(config.vocab_size)
+    fsdp = str(cfg.trainer.strategy).startswith("fsdp")
+    compute = 2 if "16" in str(cfg.trainer.precision) else 4
+    b, s = int(cfg.eval.batch_size), int(cfg.eval.max_tokens)
+    evaluation = weights + grads + optim + 8 * b * s * h * compute + 3 * 4 * b * s * vocab
+    out = {"embedding": _embedder_bytes(cfg, config, params), "training": training, "evaluation": evaluation,
+           "lm-eval": 0.0}
+    lm = cfg.eval.lm_eval
+    if lm is not None:
+        context = min(LM_EVAL_WINDOW, int(getattr(config, "max_position_embeddings", getattr(config, "n_positions",
+                                                                                               LM_EVAL_WINDOW))))
+        lb = int(lm.batch_size)
+        whole = params * compute + (weights if fsdp and world > 1 else 0)
+        out["lm-eval"] = whole + 8 * lb * context * h * compute + 2 * 4 * lb * context * vocab
+    return out
 
 
 def render(cfg, e: dict) -> str:
@@ -142,13 +212,35 @@ def render(cfg, e: dict) -> str:
              f"    logits (fp32)     {e['logits_gib']:8.2f}",
              f"    total             {e['total_gib']:8.2f}  of {e['gpu_gib']:.1f} GiB per GPU "
              f"({e['total_gib'] / e['gpu_gib']:.0%})",
+             "  peak per phase (GiB per GPU)",
+             *(f"    {phase:<12}      {gib:8.2f}" + ("" if gib else "  (eval.lm_eval off)" if phase == "lm-eval" else "")
+               for phase, gib in e["phases_gib"].items()),
              "  verdict             " + ("fits (with 10 % headroom for the CUDA context and fragmentation)" if e["fits"]
                                          else "does NOT fit: " + "; ".join(advice(cfg, e)))]
     return "\n".join(lines)
 
 
 def advice(cfg, e: dict) -> list[str]:
-    """What would shrink the largest parts, naming only settings not already in use."""
+    """What would shrink the largest parts, naming only settings not already in use: training's own first, then
+    those of each other phase that needs more than the GPU holds."""
+    budget = e["gpu_gib"] / 1.1
+    out = training_advice(cfg, e) if e["total_gib"] > budget else []
+    phases = e.get("phases_gib", {})
+    if phases.get("evaluation", 0) > budget and not out:  # it holds training's states: first make training fit
+        out.append(f"held-out scoring needs {phases['evaluation']:.1f} GiB: a smaller eval.batch_size (now "
+                   f"{cfg.eval.batch_size}) or eval.max_tokens (now {cfg.eval.max_tokens})")
+    if phases.get("lm-eval", 0) > budget:
+        out.append(f"lm-eval needs {phases['lm-eval']:.1f} GiB on rank 0 (the trained model whole): a smaller "
+                   f"eval.lm_eval.batch_size (now {cfg.eval.lm_eval.batch_size}), or eval.lm_eval=null and lm-eval "
+                   "later on <run>/model (train.save_model=true) on a larger GPU")
+    if phases.get("embedding", 0) > budget:
+        out.append(f"embedding needs {phases['embedding']:.1f} GiB: a smaller embedder.batch_size (now "
+                   f"{cfg.embedder.batch_size})")
+    return out
+
+
+def training_advice(cfg, e: dict) -> list[str]:
+    """What would shrink training's largest parts."""
     out = []
     fsdp = str(cfg.trainer.strategy).startswith("fsdp")
     states = e["weights_gib"] + e["gradients_gib"] + e["optimizer_gib"]

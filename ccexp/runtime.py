@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 
 def quiet_libraries(sweep: bool = False) -> None:
     """Offline flags, and one line per message through Hydra's handlers (no duplicate or tip lines); in a
-    ``sweep`` run in this process, each warning once on the console ([`once_on_the_console`][ccexp.runtime.once_on_the_console])."""
+    ``sweep`` run in this process, each warning once on the console ([`once_on_the_console`][ccexp.runtime.once_on_the_console]);
+    and in a launch of several ranks, this rank's GPU as the current device ([`use_this_ranks_gpu`][ccexp.runtime.use_this_ranks_gpu])."""
+    use_this_ranks_gpu()
     if sweep:
         once_on_the_console()
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -25,8 +28,12 @@ def quiet_libraries(sweep: bool = False) -> None:
     # on any machine with Slurm installed (a login node, a workstation): ccexp's Slurm launcher starts the
     # ranks with srun, and a run outside Slurm is not a mistake
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
-    import sys
-
+    # torch's FSDP1 about its own internals (ShardedTensor state dicts, a process group with gloo beside it), at every
+    # checkpoint on every rank; and its NO_SHARD notice of a one-rank run, which ccexp's log line already states
+    for message in (r"Please use DTensor instead and we are deprecating ShardedTensor",
+                    r"`_get_pg_default_device` will be deprecated", r"Multiple backends are registered with this",
+                    r"FSDP is switching to use `NO_SHARD`", r"When using ``NO_SHARD`` for ``ShardingStrategy``"):
+        warnings.filterwarnings("ignore", message=message)
     if not sys.stderr.isatty():  # redirected to a file: libraries' tqdm bars would be one \r-joined line
         os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' weight loading, lm-eval's requests, datasets
         try:
@@ -35,6 +42,16 @@ def quiet_libraries(sweep: bool = False) -> None:
             hf_logging.disable_progress_bar()
         except ImportError:
             pass
+
+
+def use_this_ranks_gpu() -> None:
+    """In a launch of several ranks with CUDA visible, make this rank's GPU the current device
+    (``torch.cuda.set_device``) before any stage: whatever allocates on "cuda" lands there."""
+    from ccexp.embedding.shards import launch_rank, local_rank
+
+    torch = sys.modules.get("torch")
+    if launch_rank()[1] > 1 and torch is not None and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank() % torch.cuda.device_count())
 
 
 class OnceOnTheConsole(logging.Filter):
@@ -68,10 +85,35 @@ def once_on_the_console() -> None:
             handler.addFilter(_ONCE.setdefault(id(handler.stream), OnceOnTheConsole()))
 
 
+def memory_bytes(reset: bool = False) -> tuple[str, int, int]:
+    """``(what, now, peak)``: bytes this process holds on its device now and at most since the last ``reset``: the
+    CUDA caching allocator's allocated bytes on this process's GPU once torch has initialised CUDA (what
+    ``python -m ccexp.plan model`` plans per GPU), else the resident set (``VmRSS``, ``VmHWM`` of /proc/self/status:
+    every allocation of the process, Python's and the libraries' included). ``reset`` starts a new peak
+    (``torch.cuda.reset_peak_memory_stats``; writing 5 to /proc/self/clear_refs). ``(what, 0, 0)`` where neither can
+    be read."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        now, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+        if reset:
+            torch.cuda.reset_peak_memory_stats()
+        return "cuda_allocated", int(now), int(peak)
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        now, peak = (int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM"))
+        if reset:
+            Path("/proc/self/clear_refs").write_text("5")
+        return "rss", now, peak
+    except (OSError, KeyError, ValueError):
+        return "none", 0, 0
+
+
 class Phases:
     """Wall-clock seconds of a run's phases, in order: ``start`` (from ``since``, a ``time.perf_counter()``
     value, or else from the process's start: Python, imports, Hydra's composition and the pre-flight), then
-    each [`mark`][ccexp.runtime.Phases.mark]'s phase since the previous mark."""
+    each [`mark`][ccexp.runtime.Phases.mark]'s phase since the previous mark; and each phase's memory at its start and
+    its peak ([`memory_bytes`][ccexp.runtime.memory_bytes]), which ``benches/bench_fsdp_memory.py`` and the GPU check
+    hold against ``python -m ccexp.plan model``'s plan."""
 
     def __init__(self, since: float | None = None) -> None:
         import psutil
@@ -79,11 +121,19 @@ class Phases:
         self._last = time.perf_counter()
         start = self._last - since if since is not None else time.time() - psutil.Process().create_time()
         self.seconds: dict[str, float] = {"start": max(0.0, start)}
+        self.memory_kind, self._memory_at, _ = memory_bytes(reset=True)
+        self.memory: dict[str, dict[str, int]] = {}  # phase -> {"start": bytes, "peak": bytes}
 
     def mark(self, phase: str) -> None:
         now = time.perf_counter()
         self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
         self._last = now
+        kind, held, peak = memory_bytes(reset=True)
+        if kind != self.memory_kind:  # CUDA came up during the phase: its allocator counts from then
+            self.memory_kind, self._memory_at = kind, 0
+        before = self.memory.get(phase, {"start": self._memory_at, "peak": 0})
+        self.memory[phase] = {"start": before["start"], "peak": max(before["peak"], peak)}
+        self._memory_at = held
 
     @property
     def total(self) -> float:
@@ -114,8 +164,9 @@ class Phases:
                  tokens / train_seconds, run_dir, f"; balance report: {balance}" if balance.is_file() else "")
 
     def write(self, path: Path, stages: dict[str, str]) -> Path:
-        """``{"total_seconds": ..., "seconds": {phase: s}, "stages": {stage: fingerprint}}`` as JSON (what
-        benches/bench_first_run.py reads; the fingerprints name the stages' folders in the cache)."""
-        path.write_text(json.dumps({"total_seconds": self.total, "seconds": self.seconds, "stages": stages},
-                                   indent=1) + "\n")
+        """``{"total_seconds": ..., "seconds": {phase: s}, "stages": {stage: fingerprint}, "memory_kind": ...,
+        "memory_bytes": {phase: {"start": bytes, "peak": bytes}}}`` as JSON (what benches/bench_first_run.py and
+        benches/bench_fsdp_memory.py read; the fingerprints name the stages' folders in the cache)."""
+        path.write_text(json.dumps({"total_seconds": self.total, "seconds": self.seconds, "stages": stages,
+                                    "memory_kind": self.memory_kind, "memory_bytes": self.memory}, indent=1) + "\n")
         return path
