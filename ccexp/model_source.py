@@ -122,3 +122,33 @@ def require_local_model(name: str, key: str, *, causal_lm: bool = False, tokeniz
     if not isinstance(try_to_load_from_cache(name, "config.json"), str):
         raise CcexpError(f"{key}={name!r} is not in the local Hugging Face cache and ccexp never downloads at run "
                          f"time; fetch it first (`huggingface-cli download {name}`) or give a local folder")
+
+
+def check_vocabulary(model, pretrained: str | None, tokenizer) -> None:
+    """A pretrained model embeds every token id its run's tokenizer gives: refuse, once the corpus is tokenized and
+    before any embedding or training, a tokenizer with more tokens than the model's embedding has rows (an id past the
+    last row fails inside the first forward pass that meets it, an ``IndexError`` many steps into training).
+
+    Args:
+        model: the ``model`` option (its ``pretrained`` and ``tokenizer`` settings name the fix).
+        pretrained: the model's local folder ([`resolve_pretrained`][ccexp.model_source.resolve_pretrained], a GGUF
+            file converted); None for a model built with the tokenizer's vocabulary (tiny_gpt).
+        tokenizer: the run's tokenizer (``len()`` is its size).
+
+    Raises:
+        CcexpError: naming both sizes and the tokenizer settings that match the model.
+    """
+    if pretrained is None:
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(pretrained, local_files_only=True)
+    rows = getattr(config.get_text_config(), "vocab_size", None)
+    tokens = len(tokenizer)
+    if rows is not None and tokens > int(rows):
+        t = model.tokenizer
+        raise CcexpError(f"model.pretrained={model.pretrained!r} embeds {int(rows):,} token ids, but the tokenizer "
+                         f"(model.tokenizer.kind={t.kind}{f', path={t.path}' if t.path else ''}) has {tokens:,} tokens; "
+                         "use the model's own tokenizer (model.tokenizer.kind=pretrained) or one of at most "
+                         f"{int(rows):,} tokens" + (f" (model.tokenizer.vocab_size={int(rows)})"
+                                                    if t.kind == "bpe" and int(rows) >= 300 else ""))

@@ -30,6 +30,7 @@ from ccexp.data.sources import SOURCE_FIELD, source_batches, source_names
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.errors import CcexpError
+from ccexp.model_source import check_vocabulary
 
 log = logging.getLogger("ccexp")
 
@@ -401,8 +402,9 @@ class Stages:
         local source from [`model`][ccexp.stages.Stages.model], whose tokenizer ``kind=pretrained`` uses).
 
         Raises:
-            CcexpError: for an unknown tokenizer kind, a tokenizer that cannot be loaded, or a
-                ``model.tokenizer.separator`` it does not have.
+            CcexpError: for an unknown tokenizer kind, a tokenizer that cannot be loaded, a
+                ``model.tokenizer.separator`` it does not have, or one with more tokens than the pretrained model embeds
+                ([`ccexp.model_source.check_vocabulary`][ccexp.model_source.check_vocabulary]).
         """
         from ccexp.data.tokenize import (assemble_tokens, check_tokenizer_kind, load_tokenizer, separator_id,
                                          tokenize_shards)
@@ -441,8 +443,10 @@ class Stages:
         result = self.cached("tokenize", fp, produce,
                            lambda f: f"{f['tokens']:,} tokens in {f['documents']:,} docs, vocab {f['vocab_size']:,}, "
                            f"{f['separator']} before each document")
+        tokenizer = load_tokenizer(result.path / "tokenizer")
+        check_vocabulary(self.model_cfg, pretrained, tokenizer)  # every token id has a row in the model's embedding
         return TokenizedCorpus(np.load(result.path / "tokens.npy", mmap_mode="r"), np.load(result.path / "offsets.npy"),
-                               load_tokenizer(result.path / "tokenizer"), int(result.figures["separator_id"]),
+                               tokenizer, int(result.figures["separator_id"]),
                                np.load(p) if (p := result.path / "prompt_tokens.npy").is_file() else None)
 
     def _tokenizer(self, corpus: Corpus, source: str | None, work_dir: Path):

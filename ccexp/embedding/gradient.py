@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ccexp.embedding.shards import embed_and_assemble, launch_device
 from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
@@ -72,7 +73,7 @@ class GradientProxyEmbedder:
         from ccexp.data.tokenize import load_tokenizer
 
         source = self._source()
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
+        device = launch_device(self.device)
         try:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.dtype), local_files_only=True)
         except (OSError, ValueError) as e:
@@ -136,8 +137,6 @@ class GradientProxyEmbedder:
         Raises:
             CcexpError: if the model cannot be loaded or yields a non-finite embedding.
         """
-        from ccexp.embedding.shards import embed_and_assemble
-
         cuts = np.zeros(len(texts), dtype=np.int64) if prompt_chars is None else np.asarray(prompt_chars)
         return embed_and_assemble(self.encode, list(zip(texts, cuts.tolist())), out_path, work_dir,
                                   shard_size=self.shard_size, rank=rank, world_size=world_size)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ccexp.embedding.shards import embed_and_assemble, launch_device, launch_rank
 from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
@@ -128,7 +129,7 @@ class SentenceEmbedder:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
+        device = launch_device(self.device)
         try:
             model = SentenceTransformer(self.model_path, device=device, local_files_only=True,
                                         trust_remote_code=self.trust_remote_code)
@@ -147,8 +148,8 @@ class SentenceEmbedder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        devices = None
-        if self.device == "auto" and torch.cuda.device_count() > 1:
+        devices = None  # device=auto on one process that sees several GPUs: all of them (a launch's rank: its own)
+        if self.device == "auto" and torch.cuda.device_count() > 1 and launch_rank()[1] == 1:
             devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         with torch.autocast(self._model.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16"):
             emb = self._model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
@@ -210,7 +211,5 @@ class SentenceEmbedder:
         Raises:
             CcexpError: if the model cannot be loaded or yields a non-finite embedding.
         """
-        from ccexp.embedding.shards import embed_and_assemble
-
         return embed_and_assemble(self.encode, texts, out_path, work_dir, shard_size=self.shard_size, rank=rank,
                                   world_size=world_size)

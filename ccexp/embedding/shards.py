@@ -30,6 +30,27 @@ def launch_rank() -> tuple[int, int]:
     return rank, max(1, world)
 
 
+def local_rank() -> int:
+    """This process's rank on its node in a torchrun/srun launch (``LOCAL_RANK``, ``SLURM_LOCALID``); 0 otherwise."""
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
+
+
+def launch_device(configured: str) -> str:
+    """The torch device an embedder computes on in this process (its ``device`` setting): ``cpu`` and an explicit
+    ``cuda:N`` as given; ``cuda``, and ``auto`` where CUDA is visible, are this rank's own GPU in a launch of several
+    ranks (``cuda:<rank on this node mod the GPUs it sees>``: every rank of a node embeds its shards on its own GPU,
+    never all on GPU 0) and ``cuda`` otherwise; ``auto`` without CUDA is the CPU."""
+    if configured == "cpu" or configured.startswith("cuda:"):
+        return configured
+    import torch
+
+    if configured == "auto" and not torch.cuda.is_available():
+        return "cpu"
+    if launch_rank()[1] > 1 and torch.cuda.is_available():
+        return f"cuda:{local_rank() % torch.cuda.device_count()}"
+    return "cuda" if configured == "auto" else configured
+
+
 def shard_path(work_dir: Path, i: int) -> Path:
     return work_dir / f"shard-{i:06d}.npy"
 

@@ -16,6 +16,7 @@ nothing is saved or reloaded; under DDP/FSDP this runs on rank 0 with the full w
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -150,13 +151,15 @@ def _split_half(text: str) -> tuple[str, str]:
 
 def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, batch_size: int = 16,
                 max_length: int | None = None, limit: int | None = None, device: str = "cpu",
-                seed: int = 0) -> dict[str, float]:
-    """Evaluate ``model`` on ``tasks`` with lm-eval; return ``{"<task>/<metric>": value}``.
+                seed: int = 0, include_path: str | None = None) -> dict[str, float]:
+    """Evaluate ``model`` on ``tasks`` with lm-eval; return ``{"<task>/<metric>": value}``. ``task_dir``: ccexp's
+    local tasks of this run; ``include_path``: a folder of the user's own task YAMLs (``eval.lm_eval.include_path``).
 
     Raises:
-        CcexpError: if a task is unknown (not in ``task_dir`` and not a built-in task name).
+        CcexpError: if lm-eval cannot be imported, or a task is unknown (not in ``task_dir``, not in
+            ``include_path`` and not a built-in task name).
     """
-    import lm_eval
+    lm_eval = import_lm_eval()
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
@@ -165,7 +168,8 @@ def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, ba
     for name in ("lm_eval", "lm-eval", "lm_eval.models.huggingface"):
         logging.getLogger(name).setLevel(logging.WARNING)
     builtin = [t for t in tasks if not (task_dir and (task_dir / f"{t}.yaml").is_file())]
-    manager = TaskManager(include_path=str(task_dir) if task_dir else None, include_defaults=bool(builtin))
+    paths = [str(p) for p in (task_dir, include_path) if p is not None]
+    manager = TaskManager(include_path=paths or None, include_defaults=bool(builtin))
     missing = [t for t in tasks if t not in manager.all_tasks]
     if missing:
         raise CcexpError(f"lm-eval task(s) {', '.join(missing)} unknown; check eval.lm_eval.tasks")
@@ -204,32 +208,81 @@ def evaluate(lcfg, model, tokenizer, heldout_texts: list[str], heldout_labels: d
                                    tokenizer=tokenizer, max_length=max_length)
     tasks += list(lcfg.tasks)
     device = str(next(model.parameters()).device)
+    include = lcfg.get("include_path")
     return run_lm_eval(model, tokenizer, task_dir, tasks, batch_size=lcfg.batch_size, max_length=max_length,
-                       limit=lcfg.limit, device=device, seed=int(lcfg.seed))
+                       limit=lcfg.limit, device=device, seed=int(lcfg.seed),
+                       include_path=str(Path(str(include)).expanduser()) if include is not None else None)
 
 
-def check_tasks_offline(tasks: list[str]) -> None:
-    """Refuse, before any work, standard lm-eval tasks that are unknown or whose data is not in the
-    local cache (ccexp never downloads at run time): lm-eval builds each task offline here, as the run
-    would after training.
+def import_lm_eval():
+    """The ``lm_eval`` package and its Hugging Face adapter, imported.
 
     Raises:
-        CcexpError: naming the task and what is missing.
+        CcexpError: in one line when either cannot be imported (not installed, or a broken install), naming the
+            install command and ``eval.lm_eval=null``.
     """
-    if not tasks:
-        return
-    import os
+    from ccexp.errors import CcexpError
 
-    from lm_eval.tasks import TaskManager, get_task_dict
+    try:
+        import lm_eval
+        import lm_eval.models.huggingface  # noqa: F401  (HFLM: what ccexp wraps the trained model in)
+        import lm_eval.tasks  # noqa: F401
+    except Exception as e:  # an ImportError, or whatever a half-installed package raises while importing
+        raise CcexpError(f"eval.lm_eval needs the lm-eval package, which cannot be imported here "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); install it "
+                         "(scripts/setup.sh, or pip install 'lm-eval[hf]==0.4.13') or turn lm-eval off with "
+                         "eval.lm_eval=null") from None
+    return lm_eval
+
+
+@functools.lru_cache(maxsize=8)
+def task_manager(include_path: str | None, defaults: bool = True):
+    """lm-eval's ``TaskManager`` over ``include_path`` (a folder of task YAMLs, or None) and, with ``defaults``, its
+    built-in tasks; one per process and arguments (indexing the built-in tasks reads thousands of YAMLs)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path, include_defaults=defaults)
+
+
+def check_lm_eval(lcfg) -> None:
+    """Refuse, before any work, an lm-eval setting that would fail after training (``lcfg``: the ``eval.lm_eval``
+    node): lm-eval not importable ([`import_lm_eval`][ccexp.evaluation.lm_eval_bridge.import_lm_eval]), an
+    ``include_path`` that is not a folder, a task given as a path, and a task that is neither built in nor in
+    ``include_path``, or whose data is not in the local cache (ccexp never downloads at run time): lm-eval builds
+    each task offline here, as the run would after training.
+
+    Raises:
+        CcexpError: naming the setting or task and what is missing.
+    """
+    import os
 
     from ccexp.errors import CcexpError
 
+    import_lm_eval()
+    include = lcfg.get("include_path")
+    if include is not None and not Path(str(include)).expanduser().is_dir():
+        raise CcexpError(f"eval.lm_eval.include_path={include!r} is not a folder; give the folder of your lm-eval task "
+                         "YAMLs (lm-eval's --include_path)")
+    tasks = list(lcfg.tasks)
+    for name in tasks:
+        if "/" in name or name.endswith((".yaml", ".yml")):
+            raise CcexpError(f"eval.lm_eval.tasks: {name!r} is a path; put the folder of its YAML in "
+                             "eval.lm_eval.include_path and name the task (its `task:` field) in eval.lm_eval.tasks")
+    if not tasks:
+        return
+    from lm_eval.tasks import get_task_dict
+
     for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         os.environ.setdefault(key, "1")
-    manager = TaskManager()
+    folder = str(Path(str(include)).expanduser()) if include is not None else None
+    manager = task_manager(folder, defaults=False) if folder is not None else None
+    if manager is None or any(name not in manager.all_tasks for name in tasks):
+        manager = task_manager(folder, defaults=True)  # lm-eval's own ~10,000 tasks: ~10 s to index, once a process
     for name in tasks:
         if name not in manager.all_tasks:
-            raise CcexpError(f"eval.lm_eval.tasks: {name!r} is not an lm-eval task; check the name "
+            where = f"built in or in eval.lm_eval.include_path={include}" if include is not None else \
+                "built in (a task of your own: put its folder in eval.lm_eval.include_path)"
+            raise CcexpError(f"eval.lm_eval.tasks: {name!r} is not an lm-eval task {where}; check the name "
                              "(`lm_eval --tasks list`)")
         try:
             get_task_dict([name], manager)
