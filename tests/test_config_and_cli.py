@@ -245,7 +245,6 @@ BAD_SETTINGS = [
     (["train.grad_accumulation=3"], "train.grad_accumulation=3 but it is derived"),
     (["train.micro_batch_size=0"], "train.micro_batch_size=0 is out of range"),
     (["train.max_doc_tokens=0"], "train.max_doc_tokens=0 is out of range"),
-    (["trainer.strategy=fsdp", "trainer.devices=2"], "trainer.strategy=fsdp needs CUDA GPUs"),
     (["embedder=gradient_proxy"], "embedder=gradient_proxy embeds with the run's pretrained model"),
     (["clusterer.size_cap_epsilon=-1"], "clusterer.size_cap_epsilon=-1.0 is out of range; it must be >= 0"),
     (["model=hf_causal_lm", "model.pretrained=pkg:no_such_pkg/m.gguf"], "the package no_such_pkg is not installed"),

@@ -47,7 +47,7 @@ def test_every_page_in_the_site_navigation_exists():
 def doc_commands() -> list[tuple[str, str, list[str]]]:
     """(page, entry point, arguments) of every ``python -m ccexp`` / ``ccexp.plan`` command in the README's
     and the docs' code blocks, also under ``torchrun [options]`` or ``srun`` (continuation lines joined,
-    comments dropped, ``$C`` as the tour defines it)."""
+    comments dropped, ``$C`` as the tour defines it, and a variable the block assigns, ``B="..."``, as assigned)."""
     import shlex
 
     tour = "data=jsonl data.path=/data/my_corpus.jsonl.gz data.label_fields=[domain]"
@@ -55,12 +55,17 @@ def doc_commands() -> list[tuple[str, str, list[str]]]:
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = re.sub(r"\\\n\s*", " ", page.read_text())
         for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+            assigned = {"C": tour}
             for line in block.splitlines():
+                if a := re.match(r'([A-Z][A-Z0-9_]*)="(.*)"$', line.strip()):
+                    assigned[a[1]] = a[2]
+                    continue
+                line = re.sub(r"\$([A-Z][A-Z0-9_]*)", lambda v: assigned.get(v[1], v[0]), line)
                 m = re.match(r"(?:srun\s+)?(?:(?:\.venv/bin/)?python|torchrun(?:\s+--\S+)*)\s+-m (ccexp(?:\.plan)?)\s(.*)",
                              line.strip())
                 if m:
                     line = re.sub(r"<[a-z ]+>", "X", m.group(2).split(" #")[0])  # a placeholder: <date>, <run id>
-                    args = shlex.split(line.replace("$C", tour).replace("...", ""))
+                    args = shlex.split(line.replace("...", ""))
                     found.append((page.name, m.group(1), args))
     return found
 

@@ -268,7 +268,7 @@ def test_fsdp_wraps_the_models_own_decoder_layer_class(tiny_hf_folder):
     model = hf_causal_lm(str(tiny_hf_folder))
     assert {c.__name__ for c in layer_classes(model)} == {"LlamaDecoderLayer"}
     strategy = fsdp_strategy(compose_cfg(["+recipe=llama2_7b"]).trainer, model)
-    assert strategy.kwargs["sync_module_states"] and strategy.sharding_strategy.name == "FULL_SHARD"
+    assert strategy.rank0_weights and strategy.sharding_strategy.name == "FULL_SHARD"
     assert strategy._state_dict_type == "sharded"
 
 
