@@ -33,6 +33,7 @@ def main(cfg: DictConfig) -> float:
 
     from ccexp.errors import Interrupted, StoppedEarly
     from ccexp.tracking.launcher import catch_signals, end_job, in_launcher_job
+    from ccexp.tracking.resume import release_claims
     from ccexp.tracking.sweep import write_job_status
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -75,6 +76,8 @@ def main(cfg: DictConfig) -> float:
         write_job_status(job_dir, "FAILED", message or f"{type(e).__name__}: {e} (traceback in {job_dir}/ccexp.log)",
                          overrides)
         return float("nan")
+    finally:
+        release_claims()  # this configuration's running claim (ccexp.tracking.resume.claim): the run is over
     if multirun:
         write_job_status(job_dir, "FINISHED", "", overrides)
     return float(metrics.get("ppl_macro", float("nan")))

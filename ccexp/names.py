@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Iterable
 
 
@@ -60,21 +61,64 @@ def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_name(cfg) -> str:
-    """A readable run name that starts with what usually differs inside a sweep,
-    ``<sampler>-k<K>[l<level>]-s<seed>-<config hash>`` (the corpus, model and recipe are run tags),
-    never MLflow's random one. The 4-hex-digit hash of the resolved config (paths and
-    ``train.resume_from`` excluded) tells apart runs that differ in any other setting; reruns of one
-    config share it."""
+IDENTITY_EXCLUDED = ("paths", "train.resume_from")  # where a run writes and what it continues: not what it computes
+
+
+def config_identity(container: dict) -> str:
+    """The full SHA-256 (64 hex digits) of a resolved config as a plain mapping, without the settings of
+    [`IDENTITY_EXCLUDED`][ccexp.names.IDENTITY_EXCLUDED]: two runs are the same configuration exactly when their
+    identities are equal (never a short name hash: 4 hex digits are 65,536 names, and a sweep of a few hundred runs has
+    even odds of sharing one). The container is not changed."""
+    import copy
     import json
 
+    container = copy.deepcopy(container)
+    container.pop("paths", None)
+    if isinstance(container.get("train"), dict):
+        container["train"].pop("resume_from", None)
+    return hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """A configuration's ``digest`` ([`config_identity`][ccexp.names.config_identity]) and its readable ``name``
+    ([`run_name`][ccexp.names.run_name]), which starts with the digest's first 4 hex digits and is lengthened when
+    another configuration already holds the name ([`distinct`][ccexp.names.RunIdentity.distinct])."""
+
+    name: str
+    digest: str
+
+    def distinct(self, taken: set[str]) -> "RunIdentity":
+        """This identity with a name none of ``taken`` (names held by other configurations) has: more of the digest
+        in the name's last part, 8 hex digits, then 12, ... (the same configuration always lengthens alike)."""
+        base, short = self.name.rsplit("-", 1)
+        digits = len(short)
+        name = self.name
+        while name in taken and digits < len(self.digest):
+            digits += 4
+            name = f"{base}-{self.digest[:digits]}"
+        return RunIdentity(name, self.digest)
+
+
+def run_identity(cfg) -> RunIdentity:
+    """``cfg``'s [`RunIdentity`][ccexp.names.RunIdentity]: its full digest and its readable name."""
+    from omegaconf import OmegaConf
+
+    digest = config_identity(OmegaConf.to_container(cfg, resolve=True))
+    return RunIdentity(run_name(cfg, digest), digest)
+
+
+def run_name(cfg, digest: str | None = None) -> str:
+    """A readable run name that starts with what usually differs inside a sweep,
+    ``<sampler>-k<K>[l<level>]-s<seed>-<4 hex digits>`` (the corpus, model and recipe are run tags),
+    never MLflow's random one. The 4 hex digits are the start of the config's full digest
+    ([`config_identity`][ccexp.names.config_identity], paths and ``train.resume_from`` excluded): a name for people,
+    not an identity (two configurations can share it: [`RunIdentity`][ccexp.names.RunIdentity] tells them apart)."""
     from omegaconf import OmegaConf
 
     from ccexp.config import component
 
-    container = OmegaConf.to_container(cfg, resolve=True)
-    container.pop("paths", None)
-    container.get("train", {}).pop("resume_from", None)
-    digest = hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:4]
+    if digest is None:
+        digest = config_identity(OmegaConf.to_container(cfg, resolve=True))
     groups = component("clusterer", cfg.clusterer).name_part(cfg.clusterer, int(cfg.sampler.level))
-    return f"{cfg.sampler.name}-{groups}-s{cfg.seed}-{digest}"
+    return f"{cfg.sampler.name}-{groups}-s{cfg.seed}-{digest[:4]}"

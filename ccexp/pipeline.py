@@ -13,7 +13,7 @@ from ccexp.artifacts import StageStore
 from ccexp.data.sources import source_mix
 from ccexp.evaluation.balance import write_run_files
 from ccexp.evaluation.heldout import evaluate, heldout_share
-from ccexp.names import run_name
+from ccexp.names import run_identity
 from ccexp.preflight import check_cluster_counts, preflight
 from ccexp.runtime import Phases, quiet_libraries
 from ccexp.tracking.mlflow_run import RunRecord
@@ -33,9 +33,9 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     stage = stages.Stages(StageStore(Path(cfg.paths.cache).resolve()), data=cfg.data, embedder=cfg.embedder,
                           clusterer=cfg.clusterer, model=cfg.model, curate=cfg.curate)
     corpus = stage.corpus()  # then a checkpoint and MLflow run to continue, or: finished on this corpus already
-    resume = find_resume(cfg.train.resume_from, run_name(cfg), run_dir, outputs, multirun, stage.fingerprints())
+    resume = find_resume(cfg.train.resume_from, run_identity(cfg), run_dir, outputs, multirun, stage.fingerprints())
     if resume.finished is not None:
-        return finished_before(resume.finished, cfg.train.resume_from)
+        return finished_before(resume, cfg)
     check_cluster_counts(cfg.clusterer, int((~corpus.heldout).sum()))  # before the embedding is paid for
     pretrained = stage.model()  # the model's local folder (a GGUF file converted once), None for tiny_gpt
     tokenized = stage.tokenize(corpus, pretrained)
@@ -55,7 +55,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
     model = runner.build_model(cfg.model, cfg.trainer, tokenized, pretrained, init_seed=cfg.train.init_seed)
     phases.mark("cluster+sampler")
     # 3. train, evaluate, record
-    with RunRecord(cfg, outputs, run_dir, continue_run=resume.run_id) as record:
+    with RunRecord(cfg, outputs, run_dir, resume=resume) as record:
         signature = runner.run_signature(cfg, stage.fingerprints(), split.num_clusters)
         fit = runner.fit(cfg, run_dir, record.loggers, stream, model, tokenized, split, corpus.labels,
                          signature=signature, resume_from=resume.checkpoint)

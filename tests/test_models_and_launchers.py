@@ -342,15 +342,16 @@ def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_
     import os
     import zipfile
 
+    from ccexp.names import RunIdentity
     from ccexp.tracking.resume import find_resume
 
-    name, new = "uniform-k4-s0-abcd", tmp_path / "runs" / "d" / "new"
+    name, new = RunIdentity("uniform-k4-s0-abcd", "abcd" + "1" * 60), tmp_path / "runs" / "d" / "new"
     assert find_resume("auto", name, new, tmp_path).checkpoint is None
     with pytest.raises(CcexpError, match="train.resume_from=last: no readable checkpoint of an unfinished run"):
         find_resume("last", name, new, tmp_path)
     old = tmp_path / "runs" / "d" / "old"
     (old / "checkpoints").mkdir(parents=True)
-    (old / "run.json").write_text(json.dumps({"run_name": name, "mlflow_run_id": "r1"}))
+    (old / "run.json").write_text(json.dumps({"run_name": name.name, "mlflow_run_id": "r1", "config_digest": name.digest}))
     with zipfile.ZipFile(old / "checkpoints" / "step-5.ckpt", "w") as z:
         z.writestr("data.pkl", b"x" * 100)
     found = find_resume("auto", name, new, tmp_path)

@@ -16,18 +16,28 @@ from pathlib import Path
 import pytest
 
 from ccexp.errors import CcexpError
-from ccexp.tracking.resume import find_resume, write_run_json
+from ccexp.names import RunIdentity
+from ccexp.tracking.resume import find_resume, release_claims, write_run_json
 
 NAME = "random-k4-s0-abcd"
+DIGEST = "abcd" + "0" * 60
+IDENT = RunIdentity(NAME, DIGEST)
+
+
+@pytest.fixture(autouse=True)
+def _claims():
+    yield
+    release_claims()  # find_resume claims the configuration, as a run does; the run's end releases it
 
 
 def make_run(outputs: Path, stamp: str, status: str | None, *, checkpoint: bool = True, started: float | None = None,
-             name: str = NAME, pid: int | None = None, metrics: dict | None = None) -> Path:
-    """A run folder under ``outputs/runs`` with its run.json (``status`` None: one written before run states)
-    and, with ``checkpoint``, a readable last.ckpt (a zip archive, as Lightning writes)."""
+             name: str = NAME, pid: int | None = None, metrics: dict | None = None, digest: str | None = DIGEST) -> Path:
+    """A run folder under ``outputs/runs`` with its run.json (``status`` None: one written before run states;
+    ``digest`` its configuration's, None: one written before ccexp recorded it) and, with ``checkpoint``, a readable
+    last.ckpt (a zip archive, as Lightning writes)."""
     folder = outputs / "runs" / "2026-12-04" / stamp
     (folder / "checkpoints").mkdir(parents=True)
-    meta = {"run_name": name, "mlflow_run_id": f"id-{stamp}"}
+    meta = {"run_name": name, "mlflow_run_id": f"id-{stamp}", **({"config_digest": digest} if digest else {})}
     if status is not None:
         meta.update(status=status, started=started if started is not None else time.time(), steps=20,
                     host=__import__("socket").gethostname(), pid=pid or 999_999_999, metrics=metrics or {})
@@ -41,65 +51,65 @@ def make_run(outputs: Path, stamp: str, status: str | None, *, checkpoint: bool 
 def test_a_finished_configuration_has_nothing_to_do_whatever_asks(tmp_path):
     done = make_run(tmp_path, "10-00-00-1", "finished", metrics={"ppl": 12.5})
     for value in (None, "last", "auto"):
-        resume = find_resume(value, NAME, None, tmp_path)
+        resume = find_resume(value, IDENT, None, tmp_path)
         assert resume.finished is not None and resume.finished.folder == done and resume.checkpoint is None, value
-    assert find_resume("fresh", NAME, None, tmp_path).finished is None  # fresh: from step 0, always
+    assert find_resume("fresh", IDENT, None, tmp_path).finished is None  # fresh: from step 0, always
 
 
 def test_a_stopped_configuration_continues_from_its_checkpoint_and_its_mlflow_run(tmp_path):
     make_run(tmp_path, "10-00-00-1", "finished", started=1.0)
     stopped = make_run(tmp_path, "11-00-00-2", "stopped", started=2.0)
     for value in (None, "last", "auto"):
-        resume = find_resume(value, NAME, None, tmp_path)
+        resume = find_resume(value, IDENT, None, tmp_path)
         assert resume.checkpoint == str(stopped / "checkpoints" / "last.ckpt") and resume.run_id == "id-11-00-00-2"
         assert resume.finished is None
-    assert find_resume("fresh", NAME, None, tmp_path).checkpoint is None
+    assert find_resume("fresh", IDENT, None, tmp_path).checkpoint is None
 
 
 def test_last_never_takes_the_checkpoint_of_a_run_older_than_the_newest_finished_one(tmp_path):
     """The issue's third run: resume_from=last picked the finished run's step-400 checkpoint and trained 0 steps."""
     make_run(tmp_path, "09-00-00-1", "stopped", started=1.0)  # continued later by the finished run
     make_run(tmp_path, "10-00-00-2", "finished", started=2.0)
-    assert find_resume("last", NAME, None, tmp_path).finished is not None
-    assert find_resume("auto", NAME, None, tmp_path).finished is not None
+    assert find_resume("last", IDENT, None, tmp_path).finished is not None
+    assert find_resume("auto", IDENT, None, tmp_path).finished is not None
 
 
 def test_nothing_to_continue(tmp_path):
-    assert find_resume(None, NAME, None, tmp_path).checkpoint is None
-    assert find_resume("auto", NAME, None, tmp_path).checkpoint is None
+    assert find_resume(None, IDENT, None, tmp_path).checkpoint is None
+    assert find_resume("auto", IDENT, None, tmp_path).checkpoint is None
     with pytest.raises(CcexpError, match="no readable checkpoint of an unfinished run named"):
-        find_resume("last", NAME, None, tmp_path)
+        find_resume("last", IDENT, None, tmp_path)
     make_run(tmp_path, "10-00-00-1", "stopped", checkpoint=False)  # stopped before its first checkpoint
-    assert find_resume(None, NAME, None, tmp_path) == find_resume("auto", NAME, None, tmp_path)
-    assert find_resume(None, NAME, None, tmp_path).checkpoint is None
+    assert find_resume(None, IDENT, None, tmp_path) == find_resume("auto", IDENT, None, tmp_path)
+    assert find_resume(None, IDENT, None, tmp_path).checkpoint is None
     make_run(tmp_path, "10-00-00-2", "stopped", name="other-k4-s1-ffff")  # another configuration's
-    assert find_resume(None, NAME, None, tmp_path).checkpoint is None
+    assert find_resume(None, IDENT, None, tmp_path).checkpoint is None
 
 
 def test_runs_from_before_run_states_are_continued_only_when_asked(tmp_path):
     old = make_run(tmp_path, "10-00-00-1", None)
-    assert find_resume(None, NAME, None, tmp_path).checkpoint is None  # not guessed at: a fresh start
-    assert find_resume("last", NAME, None, tmp_path).checkpoint == str(old / "checkpoints" / "last.ckpt")
+    assert find_resume(None, IDENT, None, tmp_path).checkpoint is None  # not guessed at: a fresh start
+    assert find_resume("last", IDENT, None, tmp_path).checkpoint == str(old / "checkpoints" / "last.ckpt")
 
 
 def test_a_sweep_job_starts_fresh_by_default_and_continues_its_own_folder_on_auto(tmp_path):
     job = make_run(tmp_path, "10-00-00-1", "stopped")
-    assert find_resume(None, NAME, job, tmp_path, multirun=True).checkpoint is None
-    assert find_resume("auto", NAME, job, tmp_path, multirun=True).checkpoint == str(job / "checkpoints" / "last.ckpt")
+    assert find_resume(None, IDENT, job, tmp_path, multirun=True).checkpoint is None
+    assert find_resume("auto", IDENT, job, tmp_path, multirun=True).checkpoint == str(job / "checkpoints" / "last.ckpt")
 
 
 def test_a_run_of_the_configuration_still_going_here_is_refused_and_a_dead_one_continued(tmp_path):
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as alive:
         try:
             make_run(tmp_path, "10-00-00-1", "running", pid=alive.pid)
-            with pytest.raises(CcexpError, match=rf"{NAME} is running now \(pid {alive.pid}"):
-                find_resume(None, NAME, None, tmp_path)
-            assert find_resume("fresh", NAME, None, tmp_path).checkpoint is None
+            for value in (None, "fresh", "last"):  # one run of a configuration at a time, whatever is asked
+                with pytest.raises(CcexpError, match=rf"{NAME} is running now \(pid {alive.pid}"):
+                    find_resume(value, IDENT, None, tmp_path)
         finally:
             alive.kill()
     alive.wait()
     # its process is gone (killed hard: run.json still says running): its checkpoint is continued
-    assert find_resume(None, NAME, None, tmp_path).checkpoint.endswith("last.ckpt")
+    assert find_resume(None, IDENT, None, tmp_path).checkpoint.endswith("last.ckpt")
 
 
 def test_write_run_json_merges_and_records_the_start_once(tmp_path):
@@ -153,7 +163,7 @@ def test_a_newer_attempt_that_left_no_checkpoint_does_not_undo_a_finished_run(tm
     make_run(tmp_path, "11-00-00-2", "failed", started=2.0, checkpoint=False)
     make_run(tmp_path, "12-00-00-3", "stopped", started=3.0, checkpoint=False)
     for value in (None, "last", "auto"):
-        assert find_resume(value, NAME, None, tmp_path).finished.folder == done, value
+        assert find_resume(value, IDENT, None, tmp_path).finished.folder == done, value
 
 
 def test_a_run_json_of_the_wrong_shape_is_left_out_with_a_line_not_a_traceback(tmp_path, caplog):
@@ -162,14 +172,14 @@ def test_a_run_json_of_the_wrong_shape_is_left_out_with_a_line_not_a_traceback(t
     for text in ("[]", "null", "7", "garbage{{{"):
         (odd / "run.json").write_text(text)
         with caplog.at_level("WARNING", logger="ccexp"):
-            assert find_resume(None, NAME, None, tmp_path).finished is not None
+            assert find_resume(None, IDENT, None, tmp_path).finished is not None
         assert f"resume: {odd / 'run.json'} is not readable" in caplog.text
         caplog.clear()
     # a run.json with odd values: described without them, a pid that is not a number is not a live process
     (odd / "run.json").write_text(json.dumps({"run_name": NAME, "status": "running", "host": __import__("socket")
                                               .gethostname(), "pid": "abc", "step": "x", "steps": "y",
-                                              "started": 3.0}))
-    resume = find_resume(None, NAME, None, tmp_path)
+                                              "started": 3.0, "config_digest": DIGEST}))
+    resume = find_resume(None, IDENT, None, tmp_path)
     assert resume.checkpoint == str(odd / "checkpoints" / "last.ckpt")
 
 
@@ -197,8 +207,8 @@ def test_a_run_finished_on_a_corpus_that_changed_since_is_not_this_run(tmp_path,
     done = make_run(tmp_path, "10-00-00-1", "finished", started=1.0)
     meta = json.loads((done / "run.json").read_text())
     (done / "run.json").write_text(json.dumps({**meta, "fingerprints": {"corpus": "aaaa", "embed": "e"}}))
-    assert find_resume(None, NAME, None, tmp_path, fingerprints={"corpus": "aaaa"}).finished is not None
+    assert find_resume(None, IDENT, None, tmp_path, fingerprints={"corpus": "aaaa"}).finished is not None
     with caplog.at_level("INFO", logger="ccexp"):
-        resume = find_resume(None, NAME, None, tmp_path, fingerprints={"corpus": "bbbb"})
+        resume = find_resume(None, IDENT, None, tmp_path, fingerprints={"corpus": "bbbb"})
     assert resume.finished is None and resume.checkpoint is None  # from step 0, on the new corpus
     assert "on another corpus (fingerprint aaaa, now bbbb)" in caplog.text

@@ -24,10 +24,19 @@ log = logging.getLogger("ccexp")
 
 
 def launch_rank() -> tuple[int, int]:
-    """(rank, world size) of a torchrun/srun launch from the environment; (0, 1) otherwise."""
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
-    return rank, max(1, world)
+    """(rank, world size) of a launch from the environment: torchrun's ``RANK`` and ``WORLD_SIZE``, srun's
+    ``SLURM_PROCID`` and ``SLURM_NTASKS``, or, for the processes Lightning's own launcher starts (``trainer=ddp``,
+    ``trainer.devices=N`` without torchrun: it sets ``LOCAL_RANK``, ``NODE_RANK`` and ``WORLD_SIZE``, no ``RANK``),
+    ``NODE_RANK x processes per node + LOCAL_RANK`` (per node: ``LOCAL_WORLD_SIZE`` when set, else taken as the
+    whole world, which keeps a process of another node from ever reading as rank 0); (0, 1) outside a launch."""
+    env = os.environ
+    world = max(1, int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1))))
+    if "RANK" in env or "SLURM_PROCID" in env:
+        return int(env.get("RANK", env.get("SLURM_PROCID", 0))), world
+    if "LOCAL_RANK" in env:
+        per_node = int(env.get("LOCAL_WORLD_SIZE") or world)
+        return int(env.get("NODE_RANK") or 0) * per_node + int(env["LOCAL_RANK"]), world
+    return 0, world
 
 
 def local_rank() -> int:

@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ccexp.names import metric_keys, run_name
+from ccexp.errors import CcexpError
+from ccexp.names import metric_keys, run_identity
 from ccexp.tracking.store import ensure_experiment, open_store  # noqa: F401  (the store helpers, as before)
 
 log = logging.getLogger("ccexp")
@@ -108,13 +109,18 @@ class RunRecord:
 
     Args:
         cfg: the run's config; outputs: the absolute ``paths.outputs``; run_dir: the run's folder;
-            tags: run tags besides the sampler, model, data, recipe and run folder; continue_run: the MLflow
-            run id of the checkpoint being resumed, if any.
+            tags: run tags besides the sampler, model, data, recipe and run folder; resume: what
+            [`ccexp.tracking.resume.find_resume`][ccexp.tracking.resume.find_resume] decided: the run's identity (its
+            name and full config digest, tagged ``config_digest``), the MLflow run of the checkpoint being resumed
+            (continued), and the dead earlier runs whose MLflow runs are ended
+            ([`ccexp.tracking.resume.end_dead_runs`][ccexp.tracking.resume.end_dead_runs]).
     """
 
     def __init__(self, cfg: DictConfig, outputs: Path, run_dir: Path | None = None, tags: dict[str, str] | None = None,
-                 continue_run: str | None = None):
-        self.cfg, self.name, self.run_dir = cfg, run_name(cfg), run_dir
+                 resume=None):
+        identity = resume.identity if resume is not None and resume.identity is not None else run_identity(cfg)
+        continue_run = resume.run_id if resume is not None else None
+        self.cfg, self.name, self.digest, self.run_dir = cfg, identity.name, identity.digest, run_dir
         self.logger = None  # Lightning's MLFlowLogger, or None when disabled
         self._extra: list | None = None  # the loggers of logger.loggers (see loggers)
         self.continued: dict | None = None  # the interrupted run this one continues: its params and tags
@@ -139,7 +145,11 @@ class RunRecord:
         if rank_zero_only.rank != 0:  # only rank 0 logs (Lightning's logger is inert on the others)
             self.logger = MLFlowLogger(experiment_name=cfg.logger.experiment, tracking_uri=self.uri, log_model=False)
             return
-        tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name,
+        if resume is not None and resume.dead:
+            from ccexp.tracking.resume import end_dead_runs
+
+            end_dead_runs(self.client, resume.dead)
+        tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name, "config_digest": self.digest,
                 "recipe": cfg.recipe_name or "none", **({"run_dir": str(run_dir)} if run_dir else {}),
                 **({"slurm_job_id": slurm_job_id()} if slurm_job_id() else {}), **(tags or {})}
         if os.environ.get(PARENT_ENV):
@@ -163,8 +173,9 @@ class RunRecord:
         self.logger._mlflow_client = self.client  # Lightning writes through ccexp's client (it takes no argument for it)
 
     def _continuable(self, run_id: str | None):
-        """The MLflow run ``run_id`` when this run continues it: it exists in this experiment under this name
-        and did not finish; else None (a new run is opened; also when the store cannot tell now)."""
+        """The MLflow run ``run_id`` when this run continues it: it exists in this experiment, holds this configuration
+        (its ``config_digest`` tag) and did not finish; else None (a new run is opened; also when the store cannot tell
+        now)."""
         if run_id is None:
             return None
         from mlflow.exceptions import MlflowException
@@ -174,12 +185,23 @@ class RunRecord:
             exp = self.client.get_experiment_by_name(self.cfg.logger.experiment)
         except MlflowException:
             return None
-        if exp is None or run.info.experiment_id != exp.experiment_id or run.info.run_name != self.name \
-                or run.info.status == "FINISHED":
+        same = run.data.tags.get("config_digest") == self.digest if run.data.tags.get("config_digest") else \
+            run.info.run_name == self.name  # a run from before ccexp tagged its configuration: its name
+        if exp is None or run.info.experiment_id != exp.experiment_id or not same or run.info.status == "FINISHED":
             return None
         return run
 
     def __enter__(self) -> "RunRecord":
+        """Open the run: its params, the extra loggers started, ``run.json`` running. Whatever fails here ends what
+        it began as ``__exit__`` would (the MLflow run FAILED, run.json ``failed``), and an extra logger that cannot
+        start is one line naming it."""
+        try:
+            return self._open()
+        except BaseException as e:
+            self.__exit__(type(e), e, e.__traceback__)
+            raise
+
+    def _open(self) -> "RunRecord":
         run_id = None
         if self.logger is not None:
             params = flatten(self.cfg)
@@ -193,13 +215,19 @@ class RunRecord:
                         f"{k}={flatten(self.cfg)[k]}" for k in changed)[:5000])
             self.logger.log_hyperparams(params)
             run_id = self.logger.run_id
-        for logger in self.loggers[1 if self.logger is not None else 0:]:  # TensorBoard's hparams, W&B's config
-            if type(logger).__name__ == "TensorBoardLogger":
-                from ccexp.training.extras import start_tensorboard
+        extras = sorted(k for k, v in (self.cfg.logger.get("loggers") or {}).items() if v is not None)
+        for key, logger in zip(extras, self.loggers[1 if self.logger is not None else 0:]):
+            try:  # TensorBoard's hparams, W&B's config
+                if type(logger).__name__ == "TensorBoardLogger":
+                    from ccexp.training.extras import start_tensorboard
 
-                start_tensorboard(logger, flatten(self.cfg))
-            else:
-                logger.log_hyperparams(flatten(self.cfg))
+                    start_tensorboard(logger, flatten(self.cfg))
+                else:
+                    logger.log_hyperparams(flatten(self.cfg))
+            except Exception as e:  # noqa: BLE001 (each library's own: the line names the logger)
+                line = next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)
+                raise CcexpError(f"logger.loggers.{key} could not start ({type(e).__name__}: {line}); the MLflow run "
+                                 "is ended FAILED") from None
         if self.logger is not None:
             log.info("mlflow: run %r (%s) in %s%s", self.name, run_id, self.uri,
                      ", continued from where it was interrupted" if self.continued is not None else "")
@@ -207,7 +235,7 @@ class RunRecord:
             from ccexp.tracking.resume import write_run_json
 
             write_run_json(self.run_dir, run_name=self.name, mlflow_run_id=run_id, slurm_job_id=slurm_job_id(),
-                           status="running", steps=int(self.cfg.train.steps))
+                           status="running", steps=int(self.cfg.train.steps), config_digest=self.digest)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -324,12 +352,10 @@ class RunRecord:
     def _close_extras(self, status: str) -> None:
         """Flush and close the loggers of ``logger.loggers`` once (TensorBoard's files; a W&B run is finished,
         so that the next run of a sweep in this process opens its own rather than continuing this one)."""
-        from lightning.pytorch.loggers import WandbLogger
+        from ccexp.tracking.loggers import close_logger
 
         for logger in self.loggers[1 if self.logger is not None else 0:]:
-            logger.finalize(status)
-            if isinstance(logger, WandbLogger) and logger._experiment is not None:
-                logger.experiment.finish(exit_code=0 if status == "success" else 1)
+            close_logger(logger, status)
         self._extra = []
 
     def finish(self, tags: dict[str, str] | None = None, step: int | None = None,

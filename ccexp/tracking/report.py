@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import json
 import math
 import re
 import sys
@@ -91,14 +93,88 @@ def collect(client, *, parent_run_id: str | None = None, experiment: str = "ccex
                 if r.data.tags.get("ccexp.sweep") != "true"]
     newest: dict[str, object] = {}  # a configuration run again (a rerun job, the same command twice): its latest run
     for r in sorted((r for r in runs if r.info.status == "FINISHED"), key=lambda r: r.info.start_time):
-        newest[r.info.run_name or r.info.run_id] = r
+        newest[configuration_of(r)] = r
     return list(newest.values())
 
 
-def latest_sweep(client, experiment: str = "ccexp") -> str:
+def configuration_of(run) -> str:
+    """What makes two MLflow runs one configuration: the full config digest a run records (tag ``config_digest``,
+    [`ccexp.names.config_identity`][ccexp.names.config_identity]); for a run from before ccexp tagged it, its name
+    and the digest of every param it logged but where it wrote (``paths.*``, ``train.resume_from``). Never the name
+    alone, whose 4 hex digits two configurations can share."""
+    if run.data.tags.get("config_digest"):
+        return run.data.tags["config_digest"]
+    params = {k: v for k, v in run.data.params.items() if not k.startswith("paths.") and k != "train.resume_from"}
+    return f"{run.info.run_name}:" + hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+
+
+def require_experiment(client, experiment: str):
+    """The MLflow experiment ``experiment`` of the store.
+
+    Raises:
+        CcexpError: in one line naming the experiments the store has, when it has no such one.
+    """
     exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise CcexpError(f"no MLflow experiment {experiment!r} in this store; pass --experiment (the store has "
+                         f"{', '.join(names) or 'none'})")
+    return exp
+
+
+def check_parent(client, parent: str, experiment: str, store: str = "this store") -> None:
+    """``--parent`` of ccexp.report and ccexp.ui: a run that exists in ``experiment`` of the store and is a sweep's
+    parent run (tag ``ccexp.sweep``).
+
+    Raises:
+        CcexpError: in one line naming the id, the store and what it found (no such run, on a local store or a
+            server alike; a run of another experiment; a run that is not a sweep's), and the latest sweep there.
+    """
+    from mlflow.exceptions import MlflowException
+
+    from ccexp.tracking.store import unreachable
+
+    exp = require_experiment(client, experiment)
+    try:
+        run = client.get_run(parent)
+    except MlflowException as e:
+        if unreachable(e) is not None:
+            raise
+        run = None
+    try:
+        latest = f"the latest sweep there is {latest_sweep(client, experiment)}"
+    except CcexpError:
+        latest = f"experiment {experiment!r} holds no sweep"
+    if run is None:
+        raise CcexpError(f"--parent {parent}: no run with that id in {store}; {latest} (or omit --parent)")
+    if run.info.experiment_id != exp.experiment_id:
+        raise CcexpError(f"--parent {parent}: that run is not in experiment {experiment!r} of {store} (pass its "
+                         f"--experiment); {latest}")
+    if run.data.tags.get("ccexp.sweep") != "true":
+        raise CcexpError(f"--parent {parent}: run {run.info.run_name} is not a sweep's parent run; {latest} (or "
+                         "--all-runs to compare every finished run)")
+
+
+def output_folder(path: Path, flag: str = "--out") -> Path:
+    """``path`` as a folder to write into, made when missing.
+
+    Raises:
+        CcexpError: in one line when it is a file, or cannot be made (no permission, a file on its way).
+    """
+    if path.exists() and not path.is_dir():
+        raise CcexpError(f"{flag} {path} is a file; give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CcexpError(f"{flag} {path} cannot be made ({e.strerror or type(e).__name__}); give a folder you can "
+                         "write") from None
+    return path
+
+
+def latest_sweep(client, experiment: str = "ccexp") -> str:
+    exp = require_experiment(client, experiment)
     sweeps = client.search_runs([exp.experiment_id], "tags.`ccexp.sweep` = 'true'",
-                                order_by=["attributes.start_time DESC"], max_results=1) if exp else []
+                                order_by=["attributes.start_time DESC"], max_results=1)
     if not sweeps:
         raise CcexpError(f"no sweep in experiment {experiment!r}; run one with `python -m ccexp -m ...`, or use --all-runs")
     return sweeps[0].info.run_id
@@ -769,10 +845,12 @@ def main(argv: list[str] | None = None) -> None:
         check_server(store)
         print(store.line("ccexp.report"), file=sys.stderr)
         client = read_store(store.uri)
+        if args.parent and not args.all_runs:
+            check_parent(client, args.parent, args.experiment, store.uri)
         parent = None if args.all_runs else (args.parent or latest_sweep(client, args.experiment))
         # beside the store it reads (outputs/reports/ for outputs/mlflow.db), not in the working folder
         home = Path(store.uri[len("sqlite:///"):]).parent if store.uri.startswith("sqlite:///") else Path("outputs")
-        out = Path(args.out or home / "reports" / (parent or args.experiment))
+        out = output_folder(Path(args.out or home / "reports" / (parent or args.experiment)))
         files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
                                          baseline=args.baseline or "random", require_baseline=args.baseline is not None,
                                          min_effect=args.min_effect, power=args.power)

@@ -36,18 +36,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ccexp.embedding.shards import launch_rank
 from ccexp.errors import CcexpError
+from ccexp.names import RunIdentity, config_identity
 
 log = logging.getLogger("ccexp")
-
-
-@dataclass
-class Resume:
-    """checkpoint: the path to resume from (None: a fresh start); run_id: the MLflow run it was written by
-    (None when unknown), which the resumed run continues."""
-
-    checkpoint: str | None = None
-    run_id: str | None = None
 
 
 def unreadable(path: Path) -> str | None:
@@ -72,7 +65,9 @@ def unreadable(path: Path) -> str | None:
 
 
 RUN_JSON = "run.json"
-UNFINISHED = ("running", "stopped", "failed")
+UNFINISHED = ("running", "stopped", "failed", "killed")
+CLAIMS = ".running"  # under paths.outputs: one lock file per configuration digest, held while a run of it goes on
+_HELD: dict[Path, int] = {}  # lock file -> its open, locked descriptor: the claims of runs of this process
 
 
 def launch_id() -> str | None:
@@ -102,9 +97,54 @@ def write_run_json(run_dir: Path, **fields) -> None:
     write_text_atomic(path, json.dumps(data))
 
 
+def claim(outputs: Path, identity: RunIdentity, run_dir: Path | None) -> None:
+    """Take this configuration's running claim: an exclusive ``flock`` on ``<outputs>/.running/<digest>.lock``, held
+    until [`release_claims`][ccexp.tracking.resume.release_claims] (the end of the run) or the process's end (the
+    kernel drops the lock of a process that is gone, SIGKILL and a power cut included). Taken before any earlier run
+    is looked at, so of two identical commands started at once exactly one trains. Only global rank 0 of a launch
+    claims (the others follow it). A claim this process holds already is kept.
+
+    Raises:
+        CcexpError: in one line when another process holds the claim, naming it from the lock file.
+    """
+    import fcntl
+
+    path = (Path(outputs) / CLAIMS / f"{identity.digest}.lock").resolve()
+    if path in _HELD or launch_rank()[0] != 0:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace")
+        os.close(fd)
+        try:
+            who = json.loads(holder)
+            where = f"pid {who['pid']} on {who['host']}, {who.get('run_dir') or 'its run folder'}"
+        except (ValueError, KeyError, TypeError):
+            where = "another process"
+        raise CcexpError(f"{identity.name} is running now ({where}); wait for it, or stop it (Ctrl-C) and run the "
+                         "same command again to continue it") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+                              "run_dir": str(run_dir) if run_dir else None, "run_name": identity.name}).encode(), 0)
+    _HELD[path] = fd
+
+
+def release_claims() -> None:
+    """Drop every claim this process holds (the end of a run, or of a sweep's job)."""
+    import fcntl
+
+    for fd in _HELD.values():
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    _HELD.clear()
+
+
 @dataclass
 class Earlier:
-    """One earlier run of this configuration: its folder, its ``run.json`` and its readable checkpoints
+    """One earlier run of a configuration's name: its folder, its ``run.json`` and its readable checkpoints
     (newest first)."""
 
     folder: Path
@@ -115,6 +155,21 @@ class Earlier:
     @property
     def status(self) -> str | None:  # None: a run.json written before run states were recorded
         return self.meta.get("status")
+
+    @property
+    def digest(self) -> str | None:
+        """Its configuration's full digest ([`ccexp.names.config_identity`][ccexp.names.config_identity]): from
+        ``run.json``, or for a run from before ccexp recorded it, computed from the config Hydra saved in its folder
+        (``.hydra/config.yaml``); None when neither can be read (then it is no configuration's run)."""
+        if self.meta.get("config_digest"):
+            return str(self.meta["config_digest"])
+        try:
+            from omegaconf import OmegaConf
+
+            return config_identity(OmegaConf.to_container(OmegaConf.load(self.folder / ".hydra" / "config.yaml"),
+                                                          resolve=True))
+        except Exception:  # noqa: BLE001 (any unreadable, unresolvable or missing file: identity unknown)
+            return None
 
     def alive(self) -> bool:
         """Still running: its process exists on this host (and is not a rank of this very launch)."""
@@ -138,8 +193,9 @@ class Earlier:
 
 
 def earlier_runs(name: str, run_dir: Path | None, outputs: Path) -> list[Earlier]:
-    """Every run folder of the configuration ``name``: ``run_dir`` itself, then every folder under ``outputs``
-    whose ``run.json`` carries that name; the newest start first."""
+    """Every run folder of the name ``name``: ``run_dir`` itself, then every folder under ``outputs`` whose
+    ``run.json`` carries that name; the newest start first. A name is not an identity: [`runs_of`][ccexp.tracking.resume.runs_of]
+    keeps those of one configuration."""
     folders = [run_dir] if run_dir is not None else []
     folders += [m.parent for m in [*outputs.glob(f"runs/**/{RUN_JSON}"), *outputs.glob(f"multirun/**/{RUN_JSON}")]]
     found = []
@@ -159,7 +215,7 @@ def earlier_runs(name: str, run_dir: Path | None, outputs: Path) -> list[Earlier
                 started = max((p.stat().st_mtime for p in (folder / "checkpoints").glob("*.ckpt")), default=0.0)
             else:
                 continue
-        if meta.get("run_name") != name:
+        if meta.get("run_name") != name and not str(meta.get("run_name", "")).startswith(f"{name}"):
             continue
         ckpts = sorted((folder / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
         found.append(Earlier(folder, meta, started, ckpts))
@@ -179,11 +235,45 @@ def run_id_of(checkpoint: Path) -> str | None:
 class Resume:
     """checkpoint: the path to resume from (None: a fresh start); run_id: the MLflow run it was written by
     (None when unknown), which the resumed run continues; finished: the earlier run that already finished
-    this configuration (the run has nothing to do)."""
+    this configuration (the run has nothing to do); identity: the run's name (lengthened when another configuration
+    holds the short one) and digest; dead: earlier runs of it whose process is gone while their run.json said
+    running (now recorded ``killed``; their MLflow runs are ended by the next run record)."""
 
     checkpoint: str | None = None
     run_id: str | None = None
     finished: Earlier | None = None
+    identity: RunIdentity | None = None
+    dead: list[Earlier] = field(default_factory=list)
+
+
+def runs_of(identity: RunIdentity, run_dir: Path | None, outputs: Path) -> tuple[list[Earlier], RunIdentity]:
+    """The earlier runs of ``identity``'s configuration (the same full digest; newest first) and the identity with a
+    name no other configuration's run holds ([`ccexp.names.RunIdentity.distinct`][ccexp.names.RunIdentity.distinct]):
+    a run of the same short name and other settings is another configuration, never continued nor counted as
+    finished, and said so in one line."""
+    runs = earlier_runs(identity.name, run_dir, outputs)
+    mine = [r for r in runs if r.folder == run_dir or r.digest == identity.digest]  # its own folder: a requeued job
+    others = [r for r in runs if r not in mine]
+    if others:
+        distinct = identity.distinct({str(r.meta.get("run_name")) for r in others})
+        log.info("resume: %d earlier run(s) named %s hold another configuration (%s%s): not this run, which is named "
+                 "%s", len(others), identity.name, others[0].folder, "" if others[0].digest else
+                 ", its settings unreadable", distinct.name)
+        identity = distinct
+    return mine, identity
+
+
+def _bury(runs: list[Earlier], name: str) -> list[Earlier]:
+    """The runs of configuration ``name`` whose run.json says ``running`` while this process holds its claim (so no
+    process runs them: SIGKILL, the OOM killer, a node lost): recorded ``killed`` in their run.json, one line each."""
+    dead = [r for r in runs if r.status == "running" and not r.alive()]
+    for r in dead:
+        ckpt = next((p for p in r.checkpoints if unreadable(p) is None), None)
+        log.warning("resume: %s (%s) was killed (its process is gone; run.json still said running): %s", name,
+                    r.describe(), f"its newest checkpoint is {ckpt}" if ckpt else "it left no checkpoint")
+        write_run_json(r.folder, status="killed", ended=time.time())
+        r.meta["status"] = "killed"
+    return dead
 
 
 def _newest_checkpoint(runs: list[Earlier]) -> Resume | None:
@@ -196,32 +286,43 @@ def _newest_checkpoint(runs: list[Earlier]) -> Resume | None:
     return None
 
 
-def find_resume(resume_from: str | None, name: str, run_dir: Path | None, outputs: Path,
+def find_resume(resume_from: str | None, identity: RunIdentity, run_dir: Path | None, outputs: Path,
                 multirun: bool = False, fingerprints: dict[str, str] | None = None) -> Resume:
-    """``train.resume_from`` resolved (the module docstring says what each value does). ``fingerprints``: the
+    """``train.resume_from`` resolved (the module docstring says what each value does), after this configuration's
+    running claim is taken ([`claim`][ccexp.tracking.resume.claim]). Earlier runs count only when their full
+    configuration digest is ``identity``'s ([`runs_of`][ccexp.tracking.resume.runs_of]). ``fingerprints``: the
     stages' fingerprints so far; an earlier run recorded on another corpus (a file rewritten in place) is not
     this run: neither finished nor continued.
 
     Raises:
-        CcexpError: for ``last`` when there is nothing to continue; for a single run of a configuration that
-            is still running on this machine (its process is alive).
+        CcexpError: when another process runs this configuration now ([`claim`][ccexp.tracking.resume.claim]); for
+            ``last`` when there is nothing to continue.
     """
+    claim(outputs, identity, run_dir)
+    runs, identity = runs_of(identity, run_dir, outputs)
+    leader = launch_rank()[0] == 0  # the other ranks of a launch follow rank 0: rank 0's own run.json is "running"
+    going = next((r for r in runs if r.alive()), None) if leader else None
+    if going is not None:  # a run of ccexp from before claims, on this machine
+        raise CcexpError(f"{identity.name} is running now (pid {going.meta['pid']}, {going.folder}); wait for it, or "
+                         "stop it (Ctrl-C) and run the same command again to continue it")
+    dead = _bury(runs, identity.name) if leader else []  # rank 0 records; the others follow it
     if resume_from == "fresh" or (resume_from is None and multirun):
-        return Resume()
+        return Resume(identity=identity, dead=dead)
     if resume_from not in (None, "last", "auto"):
-        return Resume(resume_from, run_id_of(Path(resume_from)))
-    runs = earlier_runs(name, run_dir, outputs)
+        return Resume(resume_from, run_id_of(Path(resume_from)), identity=identity, dead=dead)
     corpus = (fingerprints or {}).get("corpus")
     other = [r for r in runs if corpus and (r.meta.get("fingerprints") or {}).get("corpus", corpus) != corpus]
     for r in other[:1]:  # the same settings on a corpus that changed since (a file rewritten in place): not this run
         log.info("resume: %s %s on another corpus (fingerprint %s, now %s): not continued; this run starts from step "
-                 "0", name, r.status, (r.meta.get("fingerprints") or {}).get("corpus"), corpus)
+                 "0", identity.name, r.status, (r.meta.get("fingerprints") or {}).get("corpus"), corpus)
     runs = [r for r in runs if r not in other]
-    going = next((r for r in runs if r.alive()), None)
-    if going is not None:
-        raise CcexpError(f"{name} is running now (pid {going.meta['pid']}, {going.folder}); wait for it, or stop it "
-                         "(Ctrl-C) and run the same command again to continue it; train.resume_from=fresh starts "
-                         "another from step 0")
+    found = _resume_point(resume_from, runs, identity, outputs)
+    found.identity, found.dead = identity, dead
+    return found
+
+
+def _resume_point(resume_from: str | None, runs: list[Earlier], identity: RunIdentity, outputs: Path) -> Resume:
+    """The checkpoint to continue, the finished run, or a fresh start, from this configuration's earlier ``runs``."""
     finished = next((i for i, r in enumerate(runs) if r.status == "finished"), None)
     unfinished = runs if finished is None else runs[:finished]  # runs older than the last finished one are done with
     if resume_from is None:
@@ -231,31 +332,60 @@ def find_resume(resume_from: str | None, name: str, run_dir: Path | None, output
         run = next(r for r in unfinished if Path(found.checkpoint) in r.checkpoints)
         if resume_from is None:
             log.warning("resume: %s %s (%s): continuing it from %s; train.resume_from=fresh starts again from "
-                        "step 0", name, run.status, run.describe(), found.checkpoint)
+                        "step 0", identity.name, run.status, run.describe(), found.checkpoint)
         else:
             log.info("resume: train.resume_from=%s is %s", resume_from, found.checkpoint)
         return found
     if finished is not None:  # newer attempts left no checkpoint (a bad setting, a stop before step 1): done
         return Resume(finished=runs[finished])
     if resume_from is None:
-        stopped = next((r for r in unfinished if r.status in ("stopped", "failed")), None)
+        stopped = next((r for r in unfinished if r.status in ("stopped", "failed", "killed")), None)
         if stopped is not None:
-            log.warning("resume: %s %s before its first checkpoint (%s): starting from step 0", name, stopped.status,
-                        stopped.folder)
+            log.warning("resume: %s %s before its first checkpoint (%s): starting from step 0", identity.name,
+                        stopped.status, stopped.folder)
         return Resume()
     if resume_from == "auto":
-        log.info("resume: train.resume_from=auto found no earlier checkpoint of %s; starting fresh", name)
+        log.info("resume: train.resume_from=auto found no earlier checkpoint of %s; starting fresh", identity.name)
         return Resume()
-    raise CcexpError(f"train.resume_from=last: no readable checkpoint of an unfinished run named {name} under "
-                     f"{outputs}; give a checkpoint path, or run without train.resume_from")
+    raise CcexpError(f"train.resume_from=last: no readable checkpoint of an unfinished run named {identity.name} "
+                     f"under {outputs}; give a checkpoint path, or run without train.resume_from")
 
 
 RUN_JSON_METRICS = ("ppl", "ppl_macro", "ppl_worst", "bpb")  # kept in run.json at the end
 
 
-def finished_before(run, resume_from: str | None) -> dict[str, float]:
-    """The configuration finished in ``run`` (an [`Earlier`][ccexp.tracking.resume.Earlier]): one line, nothing
-    trained and no MLflow run opened; its headline metrics are the result."""
+def end_dead_runs(client, dead: list) -> None:
+    """End the MLflow runs of ``dead`` earlier runs ([`ccexp.tracking.resume.Earlier`][ccexp.tracking.resume.Earlier]
+    whose process is gone, their run.json now ``killed``) that are still RUNNING: KILLED, with a tag saying who
+    noticed. A store that cannot be reached now is one warning; the next run of the configuration tries again."""
+    from mlflow.exceptions import MlflowException
+
+    for run in dead:
+        run_id = run.meta.get("mlflow_run_id")
+        if not run_id:
+            continue
+        try:
+            if client.get_run(run_id).info.status == "RUNNING":
+                client.set_tag(run_id, "ended_by", "the next run of its configuration: its process was gone")
+                client.set_terminated(run_id, "KILLED")
+                log.warning("mlflow: run %s (%s) was still RUNNING with its process gone: ended KILLED", run_id,
+                            run.folder)
+        except (MlflowException, OSError) as e:
+            log.warning("mlflow: could not end the dead run %s (%s): %s", run_id, run.folder, str(e).splitlines()[0])
+
+
+def finished_before(resume: Resume, cfg) -> dict[str, float]:
+    """The configuration finished in ``resume.finished`` (an [`Earlier`][ccexp.tracking.resume.Earlier]): one line,
+    nothing trained and no MLflow run opened (the MLflow runs of ``resume.dead`` are ended, as a run record would);
+    its headline metrics are the result."""
+    run, resume_from = resume.finished, cfg.train.resume_from
+    if resume.dead and cfg.logger.enabled and launch_rank()[0] == 0:
+        from ccexp.tracking.server import LOCAL_STORE, client_for
+        from ccexp.tracking.store import resolve_store
+
+        outputs = Path(cfg.paths.outputs).resolve()
+        store = resolve_store(cfg.logger.tracking_uri, f"sqlite:///{outputs / 'mlflow.db'}")
+        end_dead_runs(client_for(store, resume.dead[0].folder / LOCAL_STORE), resume.dead)
     metrics = dict(run.meta.get("metrics") or {})
     shown = ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k in ("ppl", "ppl_macro"))
     log.warning(
