@@ -21,7 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from ccexp import config as schemas
 from ccexp.build import build, check_buildable
+from ccexp.embedding.shards import launch_rank
 from ccexp.errors import CcexpError
+from ccexp.tracking.loggers import trial_start
 
 log = logging.getLogger("ccexp")
 
@@ -73,6 +75,10 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
             if entry is not None:
                 built[f"{group}.{name}"] = _check_extra(entry, f"{group}.{name}")
     _check_callbacks_have_a_logger(cfg, built)
+    if launch_rank()[0] == 0:  # the rank that records the run: each extra logger started once, in a scratch folder
+        for name, entry in (cfg.logger.loggers or {}).items():
+            if entry is not None:
+                trial_start(entry, f"logger.loggers.{name}")
     if cfg.train.on_nonfinite not in ("stop", "skip_batch"):
         raise CcexpError(f"train.on_nonfinite={cfg.train.on_nonfinite!r} is not an option; use stop or skip_batch")
     _check_trainer(cfg)
@@ -137,7 +143,7 @@ def check_inputs(cfg: DictConfig) -> None:
 def _check_sources(data: DictConfig) -> None:
     """``data.path`` (or each of ``data.sources``, with their names and weights) exists in its format."""
     from ccexp.data.corpus import check_source
-    from ccexp.data.sources import SOURCE_FIELD, source_names, source_weights
+    from ccexp.data.sources import SOURCE_FIELD, source_entries, source_names, source_weights
 
     if data.sources:
         if data.path != "sources":
@@ -147,7 +153,7 @@ def _check_sources(data: DictConfig) -> None:
                              f"gives every document; use data.label_fields=[source,{','.join(data.label_fields)}]")
         source_names(data.sources)
         source_weights(data.sources)
-        for i, s in enumerate(data.sources):
+        for i, s in enumerate(source_entries(data.sources)):
             try:
                 check_source(str(s["path"]), data.format)
             except CcexpError as e:  # the reader's line names data.path: here it is this source's path

@@ -43,19 +43,17 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
         CcexpError: when the experiment does not exist or holds no run.
     """
     from ccexp.evaluation.heldout import HEADLINE_KEYS, is_headline_key
-    from ccexp.tracking.report import HEADLINE, latest_sweep
+    from ccexp.tracking.report import HEADLINE, check_parent, latest_sweep, require_experiment
     from ccexp.tracking.verdict import PRIMARY
 
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        names = sorted(e.name for e in client.search_experiments())
-        raise CcexpError(f"no MLflow experiment {experiment!r} in this store; pass --experiment (the store has "
-                         f"{', '.join(names) or 'none'})")
+    exp = require_experiment(client, experiment)
     if parent is None:
         try:
             parent = latest_sweep(client, experiment)
         except CcexpError:
             parent = None  # no sweep: compare every run of the experiment
+    else:
+        check_parent(client, parent, experiment, client.tracking_uri)
     where = (f"tags.`mlflow.parentRunId` = '{parent}' and " if parent else "") + "attributes.status = 'FINISHED'"
     runs = client.search_runs([exp.experiment_id], where, max_results=500)  # (a killed job's run: left out)
     if not runs:
@@ -234,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         store = cli_store(args.store, args.tracking_uri)
         check_server(store)
         print(store.line("ccexp.ui"), file=sys.stderr, flush=True)
+        if not args.no_server and not store.is_server:
+            _check_port_free(args.host, args.port)  # --host and --port before the view is written
         experiment_id, key, metrics = compare_view(read_store(store.uri), args.experiment, args.parent)
         if not args.no_server and not store.is_server:
             proc = serve(store.uri, args.host, args.port)

@@ -152,7 +152,8 @@ class FallbackClient:
     def _deliver_all(self) -> dict[str, int]:
         counts = {"metrics": 0, "params": 0, "tags": 0, "artifacts": 0}
         for run_id, mirror in list(self._mirror.items()):
-            server_id, done = deliver_run(self.local(), mirror, self.server, self._server_id.get(run_id, run_id))
+            server_id, done = deliver_run(self.local(), mirror, self.server, self._server_id.get(run_id, run_id),
+                                          self.local_dir)
             self._server_id[run_id] = server_id
             del self._mirror[run_id]  # the next absence starts a new local run
             for k in counts:
@@ -290,18 +291,52 @@ def _history(client, run_id: str, keys) -> list:
     return out
 
 
-def deliver_run(local, local_id: str, server, server_id: str | None) -> tuple[str, dict[str, int]]:
+def artifact_root(run, store: Path | None) -> Path:
+    """The folder of ``run``'s artifact files in a local store at ``store``: where the run recorded it (an absolute
+    ``file://`` URI) or, when the store was moved or copied since (outputs copied off a compute node, a renamed
+    folder, another mount), the same place inside the store's folder now (the longest tail of the recorded path that
+    exists under ``store``). A recorded root inside ``store`` that does not exist is a run without artifacts.
+
+    Raises:
+        CcexpError: when the recorded root is outside ``store``, gone, and found nowhere under it (the run's artifacts
+            were not moved with its store): the run is not delivered.
+    """
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    recorded = Path(local_file_uri_to_path(run.info.artifact_uri))
+    if recorded.is_dir() or store is None:
+        return recorded
+    store = store.resolve()
+    parts = recorded.parts
+    for i in range(1, len(parts)):
+        candidate = store.joinpath(*parts[i:])
+        if candidate.is_dir():
+            return candidate
+    if recorded.is_relative_to(store):
+        return recorded  # never made: the run logged no artifact
+    raise CcexpError(f"the artifacts of run {run.info.run_name} were recorded at {recorded}, which is gone, and are "
+                     f"not under the store's folder {store} either (the store was moved without them?); put them "
+                     "back there, or deliver from where the run was written; nothing was delivered")
+
+
+def deliver_run(local, local_id: str, server, server_id: str | None, store: Path | None = None
+                ) -> tuple[str, dict[str, int]]:
     """Copy the local run ``local_id`` into the server run ``server_id`` (created first when None, in the
     experiment the local run names): every metric value with its step and timestamp, the params, the tags,
-    the artifact files, and the run's end when it ended; then tag the local run delivered. Copying again
-    is harmless (MLflow keeps one copy of an identical metric value; params and tags are the same).
+    the artifact files (found where the store is now: [`artifact_root`][ccexp.tracking.server.artifact_root],
+    ``store`` the local store's folder), and the run's end when it ended; then tag the local run delivered. Copying
+    again is harmless (MLflow keeps one copy of an identical metric value; params and tags are the same).
 
     Returns:
         (the server run's id, {"metrics", "params", "tags", "artifacts": how many were copied})
+
+    Raises:
+        CcexpError: when the run's artifacts cannot be found (before anything is copied).
     """
     from mlflow.entities import Param, RunTag
 
     run = local.get_run(local_id)
+    root = artifact_root(run, store)
     tags = {k: v for k, v in run.data.tags.items() if k not in _RESERVED}
     if server_id is None and run.data.tags.get(SERVER_URI) == server.tracking_uri:
         server_id = run.data.tags.get(SERVER_RUN)  # made there by an earlier try that was cut short
@@ -320,9 +355,6 @@ def deliver_run(local, local_id: str, server, server_id: str | None) -> tuple[st
         server.log_batch(server_id, params=params[i:i + 100])
     for i in range(0, len(tag_list), 100):
         server.log_batch(server_id, tags=tag_list[i:i + 100])
-    from mlflow.utils.file_utils import local_file_uri_to_path
-
-    root = Path(local_file_uri_to_path(run.info.artifact_uri))
     files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
     if files:
         server.log_artifacts(server_id, str(root))
@@ -367,7 +399,7 @@ def deliver_store(folder: Path, uri: str | None = None) -> list[tuple[str, str, 
                         raise
                     server_id = None  # the server does not have it (another database): a new run there
                     local.delete_tag(run.info.run_id, SERVER_RUN)
-            server_id, counts = deliver_run(local, run.info.run_id, server, server_id)
+            server_id, counts = deliver_run(local, run.info.run_id, server, server_id, folder)
         except Exception as e:  # noqa: BLE001
             why = unreachable(e)
             if why is None:

@@ -38,6 +38,12 @@ class Store:
     source: str
     ignored: str = ""
 
+    def __post_init__(self) -> None:
+        problem = unusable_uri(self.uri)
+        if problem is not None:
+            setting = {"default": "the default store", "default-cli": "the default store"}.get(self.source, self.source)
+            raise CcexpError(f"{setting}={self.uri!r} is not a tracking URI MLflow can use ({problem})")
+
     @property
     def is_server(self) -> bool:
         return self.uri.startswith(("http://", "https://"))
@@ -63,6 +69,35 @@ class Store:
             return "set logger.tracking_uri to a server that runs" + (
                 f" (unset, the run logs to {default_uri})" if default_uri else "")
         return "pass the --tracking-uri of a server that runs"
+
+
+DATABASES = ("postgresql", "mysql", "mssql")  # SQLAlchemy stores (the driver installed by the user), also "+driver"
+
+
+def unusable_uri(uri: str) -> str | None:
+    """Why MLflow cannot use ``uri`` as a tracking store, in a few words with the likely fix, or None when it can: a
+    server (``http(s)://host[:port]``), a SQLite file (``sqlite:///path``), a database (``postgresql://`` ...) or
+    Databricks. A path or ``file:`` URI is MLflow's file store, which MLflow 3 refuses ("in maintenance mode"), and
+    ``host:port`` without its scheme is read as such a path: the likeliest typo of ``http://host:port``."""
+    from urllib.parse import urlparse
+
+    text = uri.strip()
+    parsed = urlparse(text)
+    scheme = parsed.scheme.lower()
+    if scheme in ("http", "https"):
+        return None if parsed.netloc else f"{scheme}:// needs a host, e.g. {scheme}://127.0.0.1:5000"
+    if scheme == "sqlite":
+        return None if text.startswith("sqlite:///") else "a SQLite store is sqlite:/// and a path, e.g. "                                                            "sqlite:///outputs/mlflow.db"
+    if scheme.split("+")[0] in DATABASES or scheme == "databricks" or text == "databricks":
+        return None
+    host_port = re.fullmatch(r"([A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(\d{1,5})(/.*)?", text)
+    if host_port and (not scheme or scheme == host_port.group(1).lower()):
+        return f"without a scheme it is read as a file path; did you mean http://{text}?"
+    if not scheme or scheme == "file" or len(scheme) == 1:  # a path (a Windows drive letter too) or file:
+        return ("a path is MLflow's file store, which MLflow 3 refuses; give a SQLite file as sqlite:///"
+                f"{Path(parsed.path or text).expanduser()}.db or a server as http://host:port")
+    return (f"the scheme {scheme}:// is not one MLflow stores runs in; use http(s)://host:port, sqlite:///path or a "
+            "database URI")
 
 
 def resolve_store(configured: str | None, default_uri: str, source: str = "logger.tracking_uri") -> Store:
