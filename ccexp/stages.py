@@ -26,7 +26,7 @@ from ccexp.build import build
 from ccexp.clustering.kmeans import Clustering, Level
 from ccexp.data.corpus import BUILTIN_PATH, Corpus, subsample
 from ccexp.data.remote import RemoteSource, local_or_url
-from ccexp.data.sources import SOURCE_FIELD, source_batches, source_names
+from ccexp.data.sources import SOURCE_FIELD, source_batches, source_entries, source_names
 from ccexp.data.split import TrainSplit
 from ccexp.data.tokenize import TokenizedCorpus
 from ccexp.errors import CcexpError
@@ -159,7 +159,7 @@ class Stages:
             fields = [f for f in d.label_fields if f != SOURCE_FIELD]
             whole = {"label_fields": fields, "max_documents": None}  # data.max_documents: of the corpus, below
             entries = [(name, str(s["path"]), whole, f"data.sources[{i}].path")
-                       for i, (name, s) in enumerate(zip(source_names(d.sources), d.sources))]
+                       for i, (name, s) in enumerate(zip(source_names(d.sources), source_entries(d.sources)))]
         else:
             entries = [("", d.path, {}, "data.path")]
         out = []

@@ -60,13 +60,35 @@ status() {
   squeue
 }
 
+# the processes of this cluster's job steps: each slurmstepd started by its slurmd (whose environment names this
+# folder's slurm.conf: another cluster on this machine is left alone) and everything below it (pid per line)
+job_processes() {
+  local queue="" pid child
+  for pid in $(pgrep -f '^slurmstepd' 2>/dev/null || true); do
+    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$FOLDER/slurm.conf" && queue="$queue $pid"
+  done
+  while [ -n "$queue" ]; do
+    set -- $queue; pid=$1; shift; queue="$*"
+    echo "$pid"
+    for child in $(pgrep -P "$pid" 2>/dev/null || true); do queue="$queue $child"; done
+  done
+}
+
 stop() {
   if pid_of slurmctld >/dev/null; then  # its jobs first, so no job step outlives the daemons
     scancel --quiet --full --partition=local 2>/dev/null || true
-    for _ in $(seq 1 20); do
-      [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+    # a job may take its time after SIGTERM (ccexp finishes its step and saves a checkpoint); slurmd sends SIGKILL
+    # after KillWait (30 s, slurm.conf): wait that long and a little more for the queue to empty
+    for _ in $(seq 1 80); do
+      [ -z "$(squeue -h -o %i 2>/dev/null)" ] && [ -z "$(job_processes)" ] && break
       sleep 0.5
     done
+  fi
+  local left
+  left=$(job_processes | tr '\n' ' ')
+  if [ -n "$left" ]; then  # what outlived its job's cancellation: killed before its daemons go, never orphaned
+    kill -KILL $left 2>/dev/null || true
+    sleep 1
   fi
   local stopped=()
   for name in slurmd slurmctld munged; do
@@ -81,7 +103,12 @@ stop() {
   if [ ${#stopped[@]} -eq 0 ]; then
     echo "$ME: nothing of $FOLDER was running"
   else
-    echo "$ME: stopped ${stopped[*]}"
+    echo "$ME: stopped ${stopped[*]}${left:+; killed job processes that outlived their job: $left}"
+  fi
+  left=$(job_processes | tr '\n' ' ')
+  if [ -n "$left" ]; then
+    echo "$ME: job processes still running after stop: $left" >&2
+    exit 1
   fi
 }
 

@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ccexp.data.remote import RemoteSource, is_url, local_or_url, resolve
+from ccexp.data import userfiles
 from ccexp.errors import CcexpError
 
 log = logging.getLogger("ccexp")
@@ -116,7 +117,10 @@ def _iter_jsonl(path: Path | str, raw=None):
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = userfiles.loads(line)
+                except userfiles.RepeatedKey as e:
+                    raise CcexpError(f"{path}:{lineno}: the record gives the field {e.key!r} twice; give each field "
+                                     "once") from None
                 except json.JSONDecodeError as e:
                     raise CcexpError(f"{path}:{lineno}: not a JSON object ({e.msg}, column {e.colno}); each line "
                                      "must be one JSON record") from None

@@ -18,6 +18,29 @@ SOURCE_FIELD = "source"  # the label field every document of a multi-source corp
 SOURCE_KEYS = ("path", "weight", "name")  # what a data.sources entry may say
 
 
+def source_entries(sources: Sequence[Any]) -> list[dict]:
+    """Each ``data.sources`` entry as a mapping: ``{path: ..., weight: ..., name: ...}`` as given, or a plain path
+    (``data.sources=[web.jsonl,books.jsonl]``) as ``{path: <it>}``.
+
+    Raises:
+        CcexpError: for an entry that is neither (a number, a list, null), naming it and the forms it may take.
+    """
+    from collections.abc import Mapping
+
+    out = []
+    for i, s in enumerate(sources):
+        if isinstance(s, str):
+            out.append({"path": s})
+        elif isinstance(s, Mapping):
+            out.append(dict(s))
+        else:
+            shown = "null" if s is None else f"a list ({len(s)} items)" if isinstance(s, Sequence) else \
+                f"{s!r}, a number" if isinstance(s, (int, float)) else f"{s!r}, a {type(s).__name__}"
+            raise CcexpError(f"data.sources[{i}] is {shown}; give each source as a path or as {{path: ..., weight: "
+                             "..., name: ...} (data.sources=[{path: web.jsonl, weight: 0.7}, books.jsonl])")
+    return out
+
+
 def source_names(sources: Sequence[Any]) -> list[str]:
     """Each source's name: its ``name``, else its file name without the data suffixes (``web.jsonl.gz`` ->
     ``web``).
@@ -29,7 +52,7 @@ def source_names(sources: Sequence[Any]) -> list[str]:
     import difflib
 
     names = []
-    for i, s in enumerate(sources):
+    for i, s in enumerate(source_entries(sources)):
         for key in s:
             if key not in SOURCE_KEYS:
                 close = difflib.get_close_matches(str(key), SOURCE_KEYS, n=1, cutoff=0.6)
@@ -55,7 +78,7 @@ def source_weights(sources: Sequence[Any]) -> np.ndarray | None:
         CcexpError: for a weight that is not a finite number >= 0, weights given for some sources only,
             or weights that are all 0.
     """
-    given = [s.get("weight") for s in sources]
+    given = [s.get("weight") for s in source_entries(sources)]
     if all(w is None for w in given):
         return None
     if any(w is None for w in given):

@@ -48,13 +48,13 @@ State: O(K) (``R``, ``λ``, ``π``, the open window's sums, counters of updates 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ccexp.errors import CcexpError, not_utf8_line
+from ccexp.data.userfiles import read_json
+from ccexp.errors import CcexpError
 from ccexp.sampling.base import token_shares
 from ccexp.sampling.clip import RepetitionClip
 from ccexp.sampling.uniform import UniformSampler
@@ -83,10 +83,8 @@ def load_reference_losses(source: str | Sequence[float] | None, num_clusters: in
             if not path.is_file():
                 what = "is a folder" if path.is_dir() else "does not exist"
                 raise CcexpError(f"{name} {what}; give a .npy or .json file with one loss per cluster")
-            try:
-                raw = np.load(path, allow_pickle=False) if path.suffix == ".npy" else json.loads(path.read_text())
-            except UnicodeDecodeError as e:
-                raise CcexpError(not_utf8_line(name, e, "a UTF-8 JSON list")) from None
+            raw = np.load(path, allow_pickle=False) if path.suffix == ".npy" else \
+                read_json(path, name, "a UTF-8 JSON list", noun="cluster")
         else:
             raw = list(source)
         values = np.asarray(raw, dtype=np.float64)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -54,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from ccexp.data.userfiles import read_json
 from ccexp.errors import CcexpError, not_utf8_line
 import ccexp.sampling.kernels as kernels
 from ccexp.sampling.base import document_shares, normalised
@@ -64,6 +64,7 @@ log = logging.getLogger("ccexp")
 
 _MIXTURE_STREAM = 0x4D495854  # "MIXT"
 _KEY = "sampler.weights"
+LEARNED = "doremi"  # sampler.weights: learned by a proxy run the training pipeline computes first
 
 
 def _number(value: Any, where: str) -> float:
@@ -161,12 +162,7 @@ def _load(source: str | Path) -> Any:
     if path.suffix.lower() == ".csv":
         return _read_csv(path, ("weight", "average_weight"))
     if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8-sig"))
-        except UnicodeDecodeError as e:
-            raise CcexpError(not_utf8_line(f"{_KEY}={str(source)!r}", e, "UTF-8 JSON")) from None
-        except (OSError, ValueError) as e:
-            raise CcexpError(f"{_KEY}={str(source)!r} is not readable JSON: {str(e).splitlines()[0]}") from None
+        data = read_json(path, f"{_KEY}={str(source)!r}", "UTF-8 JSON", noun="cluster")
         if not isinstance(data, (list, dict)):
             raise CcexpError(f"{_KEY}={str(source)!r} must hold a JSON list or object of weights, "
                              f"not {type(data).__name__}")
@@ -214,6 +210,10 @@ def mixture_weights(weights: Any, sizes: np.ndarray, cluster_names: list[str] | 
         cluster_names = [str(n) for n in cluster_names]
         if len(cluster_names) != k:
             raise CcexpError(f"sampler: {len(cluster_names)} cluster names for {k} clusters")
+    if isinstance(weights, str) and weights == LEARNED:
+        raise CcexpError(f"{_KEY}={LEARNED} is learned by a training run's proxy stage (python -m ccexp: DoReMi's "
+                         "proxy run first); here give a list, a .csv or .json file, or the folder of the run that "
+                         "trained on them")
     if isinstance(weights, (str, Path)):
         weights = _load(weights)
     if isinstance(weights, np.ndarray):

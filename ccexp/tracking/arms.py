@@ -70,6 +70,7 @@ def find_duplicates(config: DictConfig, jobs: list[list[str]]) -> list[dict]:
     from hydra.utils import get_method
     from omegaconf.errors import OmegaConfBaseException
 
+    from ccexp.config import component
     from ccexp.errors import CcexpError, one_line
     from ccexp.plan import stream_plan
 
@@ -81,8 +82,9 @@ def find_duplicates(config: DictConfig, jobs: list[list[str]]) -> list[dict]:
     for num, overrides in enumerate(jobs):
         try:
             cfg = compose(config_name="config", overrides=overrides)
-            if getattr(get_method(cfg.sampler._target_), "needs_feedback", False):
-                continue
+            if getattr(get_method(cfg.sampler._target_), "needs_feedback", False) or \
+                    component("sampler", cfg.sampler).prior_run(cfg.sampler) is not None:
+                continue  # a stream that depends on losses, or on a prior run's output: not planned without a model
             digest = stream_plan(cfg).digest
         except (CcexpError, HydraException, OmegaConfBaseException) as e:  # the job itself will say it in one line
             failures += 1
