@@ -455,3 +455,17 @@ def test_a_task_of_a_local_folder_runs_and_what_lm_eval_cannot_find_is_refused_b
     got = run_lm_eval(model, load_tokenizer(llama_folder), None, ["my_ppl"], batch_size=2, max_length=64,
                       include_path=str(folder))
     assert got["my_ppl/word_perplexity"] > 1
+
+
+@pytest.mark.slow
+def test_two_ranks_started_by_lightnings_own_launcher_train_and_score_the_recipe(llama_folder, tmp_path):
+    """``trainer.devices=2`` without torchrun: Lightning starts the second process by running the command again (with
+    ``LOCAL_RANK``, no ``RANK``); that rank follows rank 0 (it is no second run of the configuration, and never
+    refused as one)."""
+    out = tmp_path / "out"
+    text = finish([start([sys.executable, "-m", "ccexp", *recipe_overrides(llama_folder, out, "trainer.devices=2",
+                                                                          "eval.lm_eval=null")],
+                         tmp_path / "cwd", tmp_path / "run.log")], [tmp_path / "run.log"], 600)[0]
+    assert "done: " in text and "is running now" not in text, text[-3000:]
+    folder, run = finished_run(out)
+    assert run.info.status == "FINISHED" and len(list(out.glob("runs/*/*/run.json"))) == 1
