@@ -147,6 +147,31 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def null_parent_line(argv: list[str]) -> str | None:
+    """The one line for an override that sets a key below a setting that is null with the chosen options
+    (``eval=default eval.lm_eval.tasks=[]``: ``eval.lm_eval`` is null there), which OmegaConf refuses with a bare
+    AssertionError while Hydra composes; None when no override is such."""
+    from omegaconf import OmegaConf
+
+    from ccexp.config import compose
+
+    overrides = [a for a in argv if not a.startswith("-") and "=" in a]
+    choices = [o for o in overrides if "." not in o.split("=", 1)[0]]  # group options and +recipe: the config's shape
+    try:
+        base = compose(choices)
+    except Exception:  # noqa: BLE001 (the choices themselves are wrong: the caller keeps the original error)
+        return None
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if OmegaConf.select(base, parent, default="missing") is None:
+                return (f"{o}: {parent} is null with these options, so {key} cannot be set; choose an option that sets "
+                        f"{parent} (e.g. {parts[0]}=...) or drop the override")
+    return None
+
+
 def with_typo_hint(message: str, argv: list[str]) -> str:
     """Hydra's "Could not override 'a.b'" line for a misspelt key, with the setting it most likely meant
     (``did you mean 'sampler.clip_threshold'?``) instead of its advice to add the key with ``+``."""
@@ -233,7 +258,7 @@ def cli() -> None:
         close_active_sweep("FAILED")  # a crash of the sweep itself (e.g. its launcher): never leave it RUNNING
         from ccexp.errors import disk_full_line
 
-        line = disk_full_line(e)
+        line = disk_full_line(e) or (null_parent_line(sys.argv[1:]) if isinstance(e, AssertionError) else None)
         if line is None:
             raise
         fail(line)

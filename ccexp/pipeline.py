@@ -75,6 +75,6 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, flo
         fit.raise_if_stopped_early(cfg.train.steps)  # incomplete: KILLED, not FINISHED; a resume continues it
         record.finish({**{f"eval_error/{p}": m for p, m in result.errors.items()}, "stream_digest": fit.stream.digest},
                       step=fit.steps, metrics=result.metrics, fingerprints=stage.fingerprints())
-    phases.done(record.name, fit.seconds, fit.module.tokens_seen, run_dir)  # the time: and done: lines
+    phases.done(record.name, fit.seconds, fit.tokens_here, run_dir)  # the time: and done: lines
     return result.metrics
 

@@ -226,15 +226,20 @@ def advice(cfg, e: dict) -> list[str]:
     budget = e["gpu_gib"] / 1.1
     out = training_advice(cfg, e) if e["total_gib"] > budget else []
     phases = e.get("phases_gib", {})
+
+    def needs(phase: str) -> str:
+        return (f"{phases[phase]:.1f} GiB ({1.1 * phases[phase]:.1f} with the 10 % headroom, of {e['gpu_gib']:.1f} "
+                "per GPU)")
+
     if phases.get("evaluation", 0) > budget and not out:  # it holds training's states: first make training fit
-        out.append(f"held-out scoring needs {phases['evaluation']:.1f} GiB: a smaller eval.batch_size (now "
+        out.append(f"held-out scoring needs {needs('evaluation')}: a smaller eval.batch_size (now "
                    f"{cfg.eval.batch_size}) or eval.max_tokens (now {cfg.eval.max_tokens})")
     if phases.get("lm-eval", 0) > budget:
-        out.append(f"lm-eval needs {phases['lm-eval']:.1f} GiB on rank 0 (the trained model whole): a smaller "
+        out.append(f"lm-eval needs {needs('lm-eval')} on rank 0 (the trained model whole): a smaller "
                    f"eval.lm_eval.batch_size (now {cfg.eval.lm_eval.batch_size}), or eval.lm_eval=null and lm-eval "
                    "later on <run>/model (train.save_model=true) on a larger GPU")
     if phases.get("embedding", 0) > budget:
-        out.append(f"embedding needs {phases['embedding']:.1f} GiB: a smaller embedder.batch_size (now "
+        out.append(f"embedding needs {needs('embedding')}: a smaller embedder.batch_size (now "
                    f"{cfg.embedder.batch_size})")
     return out
 

@@ -32,8 +32,13 @@ def quiet_libraries(sweep: bool = False) -> None:
     # checkpoint on every rank; and its NO_SHARD notice of a one-rank run, which ccexp's log line already states
     for message in (r"Please use DTensor instead and we are deprecating ShardedTensor",
                     r"`_get_pg_default_device` will be deprecated", r"Multiple backends are registered with this",
-                    r"FSDP is switching to use `NO_SHARD`", r"When using ``NO_SHARD`` for ``ShardingStrategy``"):
+                    r"FSDP is switching to use `NO_SHARD`", r"When using ``NO_SHARD`` for ``ShardingStrategy``",
+                    # reading a sharded checkpoint on one process (ccexp.training.export): what no_dist=True says
+                    r"torch.distributed is disabled, unavailable or uninitialized",
+                    # a continued run has its own folder: Lightning's note that the old one's best score is not reused
+                    r"The dirpath has changed from"):
         warnings.filterwarnings("ignore", message=message)
+    quiet_other_ranks()
     if not sys.stderr.isatty():  # redirected to a file: libraries' tqdm bars would be one \r-joined line
         os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' weight loading, lm-eval's requests, datasets
         try:
@@ -42,6 +47,24 @@ def quiet_libraries(sweep: bool = False) -> None:
             hf_logging.disable_progress_bar()
         except ImportError:
             pass
+
+
+def _not_ccexp_info(record: logging.LogRecord) -> bool:
+    return record.name != "ccexp" or record.levelno >= logging.WARNING
+
+
+def quiet_other_ranks() -> None:
+    """On a rank other than 0 of a launch, ccexp's own lines below a warning stay off the console: they are in the
+    rank's own ``ccexp-rank<r>.log``, and rank 0's console tells the run once, not once per rank (the libraries'
+    lines, Lightning's "GLOBAL_RANK: 1" among them, still show)."""
+    from ccexp.embedding.shards import launch_rank
+
+    if launch_rank()[0] == 0:
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                and _not_ccexp_info not in handler.filters:
+            handler.addFilter(_not_ccexp_info)
 
 
 def use_this_ranks_gpu() -> None:

@@ -16,7 +16,7 @@ BUILTIN = Path(__file__).resolve().parents[1] / "ccexp" / "data" / "builtin" / "
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("out", help="the folder to write (config.json, model.safetensors, tokenizer files)")
     ap.add_argument("--hidden", type=int, default=64, help="hidden size (a multiple of 4)")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers")

@@ -287,5 +287,7 @@ def check_lm_eval(lcfg) -> None:
         try:
             get_task_dict([name], manager)
         except Exception as e:
+            rest = [t for t in tasks if t != name]
             raise CcexpError(f"eval.lm_eval.tasks: {name!r} cannot be built offline ({str(e).splitlines()[0][:160]}); "
-                             "put its dataset in the local Hugging Face cache first, or drop the task") from None
+                             "put its dataset in the local Hugging Face cache first, or drop the task: "
+                             f"eval.lm_eval.tasks=[{','.join(rest)}]") from None

@@ -352,12 +352,13 @@ class ProgressLog(Callback):
 
     def __init__(self, every: int):
         self.every = max(1, int(every))
-        self._t0, self._step0, self._tokens0 = 0.0, 0, 0
+        self._t0, self._step0 = 0.0, 0
+        self.tokens_at_start: int | None = None  # tokens trained before this launch (a resumed run's), once it starts
 
     def on_train_start(self, trainer, pl_module) -> None:
         import time
 
-        self._t0, self._step0, self._tokens0 = time.perf_counter(), trainer.global_step, pl_module.tokens_seen
+        self._t0, self._step0, self.tokens_at_start = time.perf_counter(), trainer.global_step, pl_module.tokens_seen
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         import time
@@ -370,7 +371,7 @@ class ProgressLog(Callback):
         eta = elapsed / done * (total - step)
         log.info("train: step %d/%d (%.0f%%), %s tokens, loss %.4f, %s tokens/s, ETA %s", step, total,
                  100 * step / total, f"{pl_module.tokens_seen:,}", pl_module.last_loss,
-                 f"{(pl_module.tokens_seen - self._tokens0) / elapsed:,.0f}", _duration(eta))
+                 f"{(pl_module.tokens_seen - self.tokens_at_start) / elapsed:,.0f}", _duration(eta))
 
 
 def _duration(seconds: float) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,6 +300,12 @@ class FitResult:
     checkpoint: str | None = None  # where the state of a run stopped early is saved, to resume from
     ranks: tuple[int, int] = (0, 1)  # (rank, world size) that score the model together: the FSDP ranks, else (0, 1)
     exported: Path | None = None  # the Hugging Face folder of the trained model, once written (whole_model_folder)
+    tokens_before: int = 0  # tokens trained before this launch: a resumed run's, which ``seconds`` does not cover
+
+    @property
+    def tokens_here(self) -> int:
+        """Tokens trained in this launch (all ranks): what ``seconds`` paid for."""
+        return int(self.module.tokens_seen) - int(self.tokens_before)
 
     @property
     def sharded(self) -> bool:
@@ -329,8 +336,8 @@ class FitResult:
     def metrics(self) -> dict[str, float]:
         """``train/*`` and ``data/*`` figures of the run."""
         tokens = self.module.tokens_seen
-        return {"train/tokens": float(tokens), "train/tokens_per_s": tokens / self.seconds, "time/train_seconds":
-                self.seconds, "data/truncated_tokens": float(self.stream.truncated_tokens),
+        return {"train/tokens": float(tokens), "train/tokens_per_s": self.tokens_here / self.seconds,
+                "time/train_seconds": self.seconds, "data/truncated_tokens": float(self.stream.truncated_tokens),
                 "data/documents_started": float(self.stream.documents_started),
                 "train/skipped_tokens": float(self.module.skipped_tokens)}
 
@@ -417,8 +424,6 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
     """
     t0 = time.perf_counter()
     if resume_from:
-        import warnings
-
         step = check_resume(resume_from, signature)
         # Lightning cannot see that the data module restores the stream exactly, and warns otherwise
         warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
@@ -437,7 +442,8 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
     telemetry = SamplerTelemetry(sampler, cfg.train.log_every_n_steps)
     average = WeightAverage(cfg.eval.average, cfg.eval.average_span, cfg.train.steps) \
         if cfg.eval.average != "none" else None
-    callbacks = [telemetry, ProgressLog(cfg.train.log_every_n_steps), build_curve(cfg, split, tokenized, labels),
+    progress = ProgressLog(cfg.train.log_every_n_steps)  # and the tokens trained before this launch
+    callbacks = [telemetry, progress, build_curve(cfg, split, tokenized, labels),
                  StopOnSignal(run_dir / "checkpoints" / "last.ckpt"), average,
                  BatchRecorder(run_dir / "batches") if cfg.train.record_batches else None]
     callbacks += build_callbacks(cfg.get("callbacks"))  # the callbacks group (lr_monitor, debug=overfit, ...)
@@ -463,6 +469,7 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
                      group_field, group_names, groups, None if average is None else average.model,
                      steps=reached, ranks=(trainer.global_rank, trainer.world_size) if sharded else (0, 1),
+                     tokens_before=progress.tokens_at_start or 0,
                      **_stopped_early(trainer, boundary, reached, int(cfg.train.steps), spawned))
 
 
