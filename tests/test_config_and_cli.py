@@ -364,3 +364,13 @@ def test_help_describes_every_setting_from_its_schema():
     undocumented = [f"{cls.__name__}.{f.name}" for _, _, cls in config.GROUP_SCHEMAS
                     for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name not in field_notes(cls)]
     assert undocumented == []
+
+
+def test_an_override_below_a_setting_that_is_null_with_these_options_is_one_line(tmp_path):
+    """``eval=default`` has no lm-eval (``eval.lm_eval`` is null), so ``eval.lm_eval.tasks=[]`` has nothing to set:
+    one line naming both, not OmegaConf's bare AssertionError (found by a new user's copy of the docs' settings)."""
+    proc = run_ccexp("eval=default", "eval.lm_eval.tasks=[]", "--cfg", "job", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip() == ("ccexp: error: eval.lm_eval.tasks=[]: eval.lm_eval is null with these options, so "
+                                   "eval.lm_eval.tasks cannot be set; choose an option that sets eval.lm_eval (e.g. "
+                                   "eval=...) or drop the override")
