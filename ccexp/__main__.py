@@ -147,6 +147,18 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def null_group_line(argv: list[str]) -> str | None:
+    """The one line for a config group set to null (``trainer=null``), which Hydra refuses with a bare ValueError."""
+    from ccexp.help import groups
+
+    options = groups()
+    for a in argv:
+        key, _, value = a.lstrip("+~").partition("=")
+        if value in ("null", "None", "~") and key in options:
+            return f"{a}: a group needs one of its options ({', '.join(options[key])}); drop {a} to keep the default"
+    return None
+
+
 def null_parent_line(argv: list[str]) -> str | None:
     """The one line for an override that sets a key below a setting that is null with the chosen options
     (``eval=default eval.lm_eval.tasks=[]``: ``eval.lm_eval`` is null there), which OmegaConf refuses with a bare
@@ -258,7 +270,8 @@ def cli() -> None:
         close_active_sweep("FAILED")  # a crash of the sweep itself (e.g. its launcher): never leave it RUNNING
         from ccexp.errors import disk_full_line
 
-        line = disk_full_line(e) or (null_parent_line(sys.argv[1:]) if isinstance(e, AssertionError) else None)
+        line = disk_full_line(e) or (null_parent_line(sys.argv[1:]) if isinstance(e, AssertionError) else None) or \
+            (null_group_line(sys.argv[1:]) if isinstance(e, ValueError) and "Config group override" in str(e) else None)
         if line is None:
             raise
         fail(line)

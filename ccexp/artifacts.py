@@ -61,6 +61,36 @@ def folder_written_whole(final: Path) -> Iterator[Path]:
         raise
 
 
+def folder_problem(path: Path) -> str | None:
+    """Why folder ``path`` cannot be made or written, or None when it can: its nearest existing ancestor is not a
+    folder or not writable, or making it fails (a name too long, a read-only file system; tried for real, and what
+    was made removed again)."""
+    path = Path(path).expanduser().absolute()
+    probe = path
+    try:
+        while not probe.exists():
+            if probe.parent == probe:
+                return "no part of it exists"
+            probe = probe.parent
+    except OSError as e:  # a name longer than the file system takes: asking for it already fails
+        return f"{e.strerror or type(e).__name__}"
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable by this user"
+    if probe == path:
+        return None
+    try:
+        path.mkdir(parents=True)
+    except OSError as e:
+        return f"{e.strerror or type(e).__name__}"
+    made = path
+    while made != probe:  # what the try made, deepest first
+        made.rmdir()
+        made = made.parent
+    return None
+
+
 def fingerprint(stage: str, version: int, config: Any, inputs: dict[str, str] | None = None) -> str:
     """Return a 16-hex-digit SHA-256 fingerprint of ``(stage, version, config, inputs)``.
 

@@ -470,6 +470,16 @@ class SamplerConfig:
         ``k`` clusters (pre-flight; the budget check before the embedding)."""
         return {}
 
+    @classmethod
+    def check_inputs(cls, node: Any) -> None:
+        """Read the files the sampler's settings name, before any stage (one line for a file it cannot use)."""
+
+    @classmethod
+    def input_files(cls, node: Any) -> list:
+        """The files the sampler's settings name and its stream depends on (weights, reference losses): their
+        bytes are part of a run's identity ([`ccexp.names.run_identity`][ccexp.names.run_identity])."""
+        return []
+
 
 @dataclass
 class RandomConfig(SamplerConfig):
@@ -514,6 +524,12 @@ class MixtureConfig(SamplerConfig):
     def stand_in(cls, node: Any, k: int) -> dict:
         return {"weights": [1.0] * k} if cls.prior_run(node) else {}
 
+    @classmethod
+    def input_files(cls, node: Any) -> list:
+        from ccexp.sampling.mixture import input_files
+
+        return input_files(node.weights)
+
 
 @dataclass
 class ClusterClipConfig(SamplerConfig):
@@ -548,9 +564,26 @@ class DynamicConfig(SamplerConfig):
 
     @classmethod
     def stand_in(cls, node: Any, k: int) -> dict:
+        """DoReMi's reference losses: "auto" (a prior run's); on the one-cluster stand-in of the budget check, given
+        losses too (one per real cluster: none applies to a single stand-in cluster)."""
         import numpy as np
 
-        return {"reference_losses": np.zeros(k)} if cls.prior_run(node) else {}
+        given = node.rule == "doremi" and node.reference_losses is not None
+        return {"reference_losses": np.zeros(k)} if cls.prior_run(node) or (given and k == 1) else {}
+
+    @classmethod
+    def input_files(cls, node: Any) -> list:
+        from pathlib import Path
+
+        given = node.rule == "doremi" and isinstance(node.reference_losses, str) and not cls.prior_run(node)
+        return [Path(node.reference_losses).expanduser()] if given else []
+
+    @classmethod
+    def check_inputs(cls, node: Any) -> None:
+        if node.rule == "doremi" and node.reference_losses is not None and not cls.prior_run(node):
+            from ccexp.sampling.dynamic import load_reference_losses
+
+            load_reference_losses(node.reference_losses, None)  # numbers, one per cluster, whatever K is
 
 
 @dataclass

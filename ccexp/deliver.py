@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the line below names the run
     from ccexp.tracking.server import LOCAL_STORE, deliver_store
 
+    if not args.store.strip():
+        ap.error("the store is an empty string; give the local store's folder (<run folder>/mlflow-local)")
     folder = Path(args.store).expanduser()
+    if folder.is_file() and folder.name == "mlflow.db":
+        folder = folder.parent  # the store's file was given: its folder
     if not (folder / "mlflow.db").is_file() and (folder / LOCAL_STORE / "mlflow.db").is_file():
         folder = folder / LOCAL_STORE  # the run folder was given
     try:

@@ -147,6 +147,11 @@ def check_vocabulary(model, pretrained: str | None, tokenizer) -> None:
     tokens = len(tokenizer)
     if rows is not None and tokens > int(rows):
         t = model.tokenizer
+        if t.kind == "pretrained" and not t.path:
+            raise CcexpError(f"model.pretrained={model.pretrained!r}: its own tokenizer has {tokens:,} tokens but its "
+                             f"embedding {int(rows):,} rows (a tokenizer with added tokens and embeddings never "
+                             "resized?); give a tokenizer that matches (model.tokenizer.path=...) or a folder whose "
+                             "embeddings were resized (model.resize_token_embeddings, then save_pretrained)")
         raise CcexpError(f"model.pretrained={model.pretrained!r} embeds {int(rows):,} token ids, but the tokenizer "
                          f"(model.tokenizer.kind={t.kind}{f', path={t.path}' if t.path else ''}) has {tokens:,} tokens; "
                          "use the model's own tokenizer (model.tokenizer.kind=pretrained) or one of at most "

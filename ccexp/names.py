@@ -101,11 +101,31 @@ class RunIdentity:
 
 
 def run_identity(cfg) -> RunIdentity:
-    """``cfg``'s [`RunIdentity`][ccexp.names.RunIdentity]: its full digest and its readable name."""
+    """``cfg``'s [`RunIdentity`][ccexp.names.RunIdentity]: its full digest (its settings and the bytes of the files
+    its sampler reads, a weights or losses file rewritten in place being another configuration; the corpus and the
+    model are the stages' fingerprints) and its readable name."""
     from omegaconf import OmegaConf
 
-    digest = config_identity(OmegaConf.to_container(cfg, resolve=True))
+    from ccexp.config import component
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    files = component("sampler", cfg.sampler).input_files(cfg.sampler)
+    if files:  # absent when none: the digests of runs without such files are as before
+        container["sampler_input_bytes"] = {str(p): _file_digest(p) for p in files}
+    digest = config_identity(container)
     return RunIdentity(run_name(cfg, digest), digest)
+
+
+def _file_digest(path) -> str:
+    """SHA-256 of a file's bytes ('' when it cannot be read: the run itself says why, in one line)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return ""
+    return h.hexdigest()
 
 
 def run_name(cfg, digest: str | None = None) -> str:

@@ -278,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     if {"-h", "--help"} & set(argv):  # before or after overrides: never read as an override
         return print_help(argv)
     if not argv or argv[0] != "model":
+        if "--gpu-gb" in argv:
+            print("ccexp: error: --gpu-gb is an option of the memory plan: python -m ccexp.plan model --gpu-gb 80 "
+                  "[overrides]", file=sys.stderr)
+            return 2
         return stream_main(argv)
     ap = argparse.ArgumentParser(prog="python -m ccexp.plan model",
                                  description="Will it fit? Build the configured model on the meta device (no "
@@ -294,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = compose(args.overrides)
-        from ccexp.preflight import check_fsdp_options
+        from ccexp.preflight import check_devices, check_fsdp_options
 
+        check_devices(cfg.trainer)  # before the world size divides anything
         check_fsdp_options(cfg.trainer)
         model, config = build_meta_model(cfg)
         e = estimate(cfg, model, config, args.gpu_gb)

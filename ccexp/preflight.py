@@ -54,7 +54,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
                          "tokens), or null")
     if not cfg.train.lr > 0:
         raise CcexpError(f"train.lr={cfg.train.lr} must be > 0")
-    check_resume_from(cfg.train.resume_from)
+    check_resume_from(cfg.train.resume_from, sharded=str(cfg.trainer.strategy).startswith("fsdp"))
     from ccexp.clustering.selection import check_strategy
     from ccexp.data.corpus import check_heldout_fraction
 
@@ -220,9 +220,9 @@ def check_sweep_values(overrides: list[str], compose=None) -> None:
 RESUME_WORDS = ("last", "auto", "fresh")
 
 
-def check_resume_from(value) -> None:
+def check_resume_from(value, sharded: bool = True) -> None:
     """``train.resume_from`` is null, one of ``RESUME_WORDS``, or a checkpoint that exists (a ``.ckpt`` file, or
-    the folder of a sharded one), before any stage runs.
+    the folder of a sharded one, which only an FSDP trainer reads: ``sharded``), before any stage runs.
 
     Raises:
         CcexpError: naming the value and what it may be (the word it most likely means).
@@ -243,6 +243,10 @@ def check_resume_from(value) -> None:
     if path.is_dir() and not (path / "meta.pt").is_file() and not any(path.glob("*.distcp")):
         raise CcexpError(f"train.resume_from={text!r} is a folder, not a checkpoint; give a .ckpt file in it (or "
                          "train.resume_from=last)")
+    if path.is_dir() and not sharded:
+        raise CcexpError(f"train.resume_from={text!r} is a sharded (FSDP) checkpoint folder; continue it with the FSDP "
+                         "trainer it was written by (trainer.strategy=fsdp), or export it first (train.save_model=true "
+                         "writes <run>/model)")
 
 
 def preflight_stream(cfg: DictConfig) -> None:
@@ -338,10 +342,7 @@ def _check_trainer(cfg: DictConfig) -> None:
     t = cfg.trainer
     if str(t.precision) not in _PRECISIONS:
         raise CcexpError(f"trainer.precision={t.precision!r} is not an option; use one of {', '.join(sorted(_PRECISIONS))}")
-    devices = t.devices
-    if not (devices == "auto" or (isinstance(devices, int) and (devices >= 1 or devices == -1))
-            or OmegaConf.is_list(devices)):
-        raise CcexpError(f"trainer.devices={devices!r} is not valid; use a count >= 1, -1 (all), 'auto' or a list of ids")
+    check_devices(t)
     check_fsdp_options(t)
     if t.accelerator in ("gpu", "cuda"):
         import torch
@@ -387,6 +388,20 @@ def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
         elif isinstance(child, DictConfig) and not child._is_none() and not child._is_interpolation():
             out += _missing_keys(child, f"{prefix}{key}.")
     return out
+
+
+def check_devices(t: DictConfig) -> None:
+    """``trainer.devices`` is a count >= 1, -1 (all), 'auto' or a list of ids, and ``trainer.num_nodes`` >= 1.
+
+    Raises:
+        CcexpError: naming the setting and what it may be.
+    """
+    devices = t.devices
+    if not (devices == "auto" or (isinstance(devices, int) and not isinstance(devices, bool) and
+                                  (devices >= 1 or devices == -1)) or OmegaConf.is_list(devices)):
+        raise CcexpError(f"trainer.devices={devices!r} is not valid; use a count >= 1, -1 (all), 'auto' or a list of ids")
+    if not isinstance(t.num_nodes, int) or t.num_nodes < 1:
+        raise CcexpError(f"trainer.num_nodes={t.num_nodes!r} is not valid; use a count >= 1")
 
 
 def check_fsdp_options(t: DictConfig) -> None:
@@ -470,6 +485,7 @@ def _check_components(cfg: DictConfig) -> None:
                          f"{cfg.model.name} has none; use model=hf_causal_lm model.pretrained=... (or +recipe=cluster_sft)")
     k = cluster_count(cfg)
     sampler = schemas.component("sampler", cfg.sampler)
+    sampler.check_inputs(cfg.sampler)  # the files it reads, whatever K turns out to be
     inputs = {"similarity": np.zeros(k, dtype=np.float32), "cluster_names": None}
     extra = {**{name: inputs[name] for name in sampler.needs}, **sampler.stand_in(cfg.sampler, k)}
     built = build(cfg.sampler, "sampler", labels=np.arange(k, dtype=np.int32), sizes=np.ones(k, dtype=np.int64),

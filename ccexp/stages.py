@@ -174,6 +174,13 @@ class Stages:
             if remote:  # the store's lines (mid-read too) name this setting
                 reader.path = replace(reader.path, key=key)
             out.append((name, reader, src, keys.object_digest(reader.path.identity()) if remote else self._digest(src)))
+        seen: dict[str, int] = {}
+        for i, (name, _, src, digest) in enumerate(out):  # one file's documents under two sources: each held out
+            if digest in seen and d.sources:  # under one source's ids and trained on under the other's
+                raise CcexpError(f"data.sources[{i}] ({src}) holds the same bytes as data.sources[{seen[digest]}] "
+                                 f"({out[seen[digest]][2]}): its documents would be trained on twice and held out "
+                                 "under one name while trained on under the other; give each file once")
+            seen.setdefault(digest, i)
         return out
 
     def _content(self) -> str:

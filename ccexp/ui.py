@@ -53,7 +53,7 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
         except CcexpError:
             parent = None  # no sweep: compare every run of the experiment
     else:
-        check_parent(client, parent, experiment, client.tracking_uri)
+        check_parent(client, parent, experiment, client.tracking_uri, all_runs=False)
     where = (f"tags.`mlflow.parentRunId` = '{parent}' and " if parent else "") + "attributes.status = 'FINISHED'"
     runs = client.search_runs([exp.experiment_id], where, max_results=500)  # (a killed job's run: left out)
     if not runs:
@@ -237,7 +237,9 @@ def main(argv: list[str] | None = None) -> None:
         experiment_id, key, metrics = compare_view(read_store(store.uri), args.experiment, args.parent)
         if not args.no_server and not store.is_server:
             proc = serve(store.uri, args.host, args.port)
-        print(f"ccexp.ui: the sweep's runs by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",
+        whose = "the sweep's runs" if args.parent or _latest_sweep(read_store(store.uri), args.experiment) else \
+            f"the runs of experiment {args.experiment!r}"
+        print(f"ccexp.ui: {whose} by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",
               flush=True)
         print(view_address(args.host, args.port, experiment_id, key, store.uri if store.is_server else None),
               flush=True)

@@ -429,3 +429,193 @@ def test_c42_data_sources_given_as_plain_paths_are_read_and_other_shapes_named(t
                      "model.n_positions=64", "model.tokenizer.vocab_size=512", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "from first.jsonl, second.jsonl" in proc.stdout + proc.stderr
+
+
+# -- what a breaker found, inputs of the same kinds (helper, this stop) ---------------------------------------------------
+def test_c32_a_weights_file_rewritten_in_place_is_another_configuration(tmp_path):
+    from ccexp.config import compose
+    from ccexp.names import run_identity
+
+    weights = tmp_path / "w.json"
+    weights.write_text("[1, 1, 1, 1]")
+    args = ["sampler=mixture", f"sampler.weights={weights}"]
+    before = run_identity(compose(args))
+    weights.write_text("[0, 0, 0, 1]")
+    after = run_identity(compose(args))
+    assert before.digest != after.digest  # the bytes it trains on are part of what it is
+    assert run_identity(compose(["sampler=random"])).digest == run_identity(compose(["sampler=random"])).digest
+
+
+def test_c34_a_dead_run_of_another_configuration_is_recorded_killed_by_any_next_command(tmp_path):
+    from ccexp.tracking.resume import find_resume, release_claims, write_run_json
+
+    other = tmp_path / "runs" / "d" / "other"
+    write_run_json(other, run_name="random-k4-s0-ffff", status="running", config_digest="f" * 64)
+    meta = json.loads((other / "run.json").read_text())
+    (other / "run.json").write_text(json.dumps({**meta, "pid": 999_999_999}))  # a process long gone, on this host
+    try:
+        resume = find_resume(None, RunIdentity("uniform-k4-s0-abcd", "a" * 64), None, tmp_path)
+    finally:
+        release_claims()
+    assert [d.folder for d in resume.dead] == [other]
+    assert json.loads((other / "run.json").read_text())["status"] == "killed"
+
+
+@pytest.mark.parametrize("uri, why", [
+    ("http://[::1:5000", "not a URL (Invalid IPv6 URL)"),
+    ("http://host:abc", "not a URL (Port could not be cast to integer value as 'abc')"),
+    ("postgresql://u@127.0.0.1:1/db", "its database driver is not installed"),
+    ("databricks", "a Databricks workspace is not a store ccexp checks or writes offline"),
+])
+def test_c35_more_uris_mlflow_cannot_use_are_one_line(uri, why):
+    from ccexp.tracking.store import Store
+
+    with pytest.raises(CcexpError, match=re.escape(why)):
+        Store(uri, "MLFLOW_TRACKING_URI")
+    assert Store(" HTTP://127.0.0.1:5000 ", "MLFLOW_TRACKING_URI").uri == "http://127.0.0.1:5000"  # spaces, capitals
+    assert Store("HTTPS://h", "MLFLOW_TRACKING_URI").is_server
+
+
+def test_c36_deliver_refuses_a_damaged_store_the_store_itself_and_an_empty_name_and_reads_the_db_file(tmp_path):
+    from ccexp.tracking.server import deliver_store
+
+    table = tmp_path / "table.csv"
+    table.write_text("cluster,weight\n0,1\n")
+    store = tmp_path / "run" / "mlflow-local"
+    make_fallback_store(store, table)
+    with pytest.raises(CcexpError, match=r"is the local store itself"):
+        deliver_store(store, f"sqlite:///{store / 'mlflow.db'}")
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    data = (store / "mlflow.db").read_bytes()
+    (cut / "mlflow.db").write_bytes(data[: len(data) // 3])
+    with pytest.raises(CcexpError, match=r"mlflow.db"):
+        deliver_store(cut, f"sqlite:///{tmp_path / 'target.db'}")
+    for arg, message in ((str(store / "mlflow.db"), "deliver: run clusterclip-k4-s0-abcd"),
+                         ("", "the store is an empty string")):
+        proc = subprocess.run([sys.executable, "-m", "ccexp.deliver", arg, "--tracking-uri",
+                               f"sqlite:///{tmp_path / 'target2.db'}"], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+        assert message in proc.stdout + proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_c37_the_report_of_runs_without_held_out_metrics_and_the_ui_hint_are_one_line(tmp_path):
+    from mlflow import MlflowClient
+
+    from ccexp.tracking.report import check_parent, write_report
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("ccexp-plan")
+    r = client.create_run(exp, run_name="plan").info.run_id
+    client.log_metric(r, "plan/tokens", 1.0)
+    client.set_terminated(r)
+    with pytest.raises(CcexpError, match=r"hold no held-out metric \(eval/ppl, ...\): nothing to compare"):
+        write_report(client, out_dir=tmp_path / "report", experiment="ccexp-plan")
+    with pytest.raises(CcexpError, match=r"is not a sweep's parent run; .* \(or omit --parent\)"):
+        check_parent(client, r, "ccexp-plan", all_runs=False)
+
+
+def test_c38_a_logger_whose_own_folder_or_first_write_fails_is_one_line_before_any_stage(tmp_path):
+    from omegaconf import OmegaConf
+
+    from ccexp.tracking.loggers import trial_start
+
+    (tmp_path / "afile").write_text("x")
+    tb = OmegaConf.create({"_target_": "lightning.pytorch.loggers.TensorBoardLogger", "save_dir": str(tmp_path),
+                           "name": "afile"})
+    with pytest.raises(CcexpError, match=r"logger.loggers.tb writes into .*afile/version_0, which cannot be made \(.*"
+                                         r"afile is not a folder\)"):
+        trial_start(tb, "logger.loggers.tb")
+    long = OmegaConf.create({"_target_": "lightning.pytorch.loggers.TensorBoardLogger",
+                             "save_dir": str(tmp_path / ("a" * 300))})
+    with pytest.raises(CcexpError, match=r"save_dir=.* cannot be made \(File name too long\)"):
+        trial_start(long, "logger.loggers.tb")
+    csv_logger = OmegaConf.create({"_target_": "lightning.pytorch.loggers.CSVLogger",
+                                   "save_dir": str(tmp_path / "csv"), "flush_logs_every_n_steps": 0})
+    with pytest.raises(CcexpError, match=r"cannot start: ZeroDivisionError"):
+        trial_start(csv_logger, "logger.loggers.csv")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing left behind by the tries
+
+
+def test_c40_every_user_file_refuses_wrong_types_and_shapes(tmp_path):
+    from ccexp.data.corpus import CorpusReader
+    from ccexp.sampling.dynamic import load_reference_losses
+    from ccexp.sampling.mixture import mixture_weights
+
+    dupcol = tmp_path / "dupcol.csv"
+    dupcol.write_text("cluster,weight,weight\n0,1,0\n1,1,0\n2,1,0\n3,1,1\n")
+    with pytest.raises(CcexpError, match=r"names the column 'weight' twice"):
+        mixture_weights(str(dupcol), np.array([5, 5, 5, 5]))
+    bad = tmp_path / "rl.json"
+    bad.write_text('[true, false, true, "2.5"]')
+    with pytest.raises(CcexpError, match=r"cluster 0's loss is True, not a number"):
+        load_reference_losses(str(bad), 4)
+    np.save(tmp_path / "rl.npy", np.array([True, False]))
+    with pytest.raises(CcexpError, match=r"holds bool values"):
+        load_reference_losses(str(tmp_path / "rl.npy"), 2)
+    good = tmp_path / "ok.json"
+    good.write_text("[1.5, 2, 3, 2.5]")
+    assert load_reference_losses(str(good), None).tolist() == [1.5, 2.0, 3.0, 2.5]
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"id": "a", "text": "one", "domain": ["x", "y"]}\n')
+    with pytest.raises(CcexpError, match=r"record 1 field 'domain' is a list \(\['x', 'y'\]\); a label is one value"):
+        list(CorpusReader(path=str(labels), label_fields=["domain"]).batches(10))
+
+
+def test_c40_doremi_with_losses_of_its_own_plans_and_trains(tmp_path):
+    """A valid losses file for K = 4 was refused by the one-cluster stand-in of the budget check."""
+    losses = tmp_path / "rl.json"
+    losses.write_text("[1.5, 2, 3, 2.5]")
+    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", *small(tmp_path, "round4.jsonl", "train.steps=4"),
+                           "logger=none", "sampler=doremi", f"sampler.reference_losses={losses}"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_c42_a_file_given_as_two_sources_is_refused(tmp_path):
+    from ccexp.data.sources import source_names
+
+    corpus = CASES / "round4.jsonl"
+    with pytest.raises(CcexpError, match=r"data.sources\[1\] and data.sources\[0\] read the same file"):
+        source_names([{"path": str(corpus), "name": "x"}, {"path": str(corpus), "name": "y"}])
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(corpus.read_bytes())
+    proc = run_ccexp("data=sources", "data.label_fields=[source,domain]", "clusterer.k=4", "logger=none",
+                     f"data.sources=[{{path: {corpus}, name: x}},{{path: {copy}, name: y}}]",
+                     f"paths.outputs={tmp_path / 'out'}", cwd=tmp_path)
+    assert "holds the same bytes as data.sources[0]" in one_line(proc, 2)
+
+
+def test_a_group_set_to_null_and_a_sharded_checkpoint_for_another_trainer_are_one_line(tmp_path):
+    from ccexp.preflight import check_resume_from
+
+    proc = run_ccexp("trainer=null", "--cfg", "job", cwd=tmp_path)
+    assert one_line(proc, 2) == ("ccexp: error: trainer=null: a group needs one of its options (cpu, ddp, fsdp, gpu); "
+                                 "drop trainer=null to keep the default")
+    folder = tmp_path / "step-2.ckpt"
+    folder.mkdir()
+    (folder / "meta.pt").write_bytes(b"")
+    with pytest.raises(CcexpError, match=r"is a sharded \(FSDP\) checkpoint folder; continue it with the FSDP trainer"):
+        check_resume_from(str(folder), sharded=False)
+    check_resume_from(str(folder), sharded=True)
+
+
+def test_an_lm_eval_task_that_fails_keeps_the_others(tmp_path):
+    from ccexp.data.tokenize import load_tokenizer
+    from ccexp.evaluation.lm_eval_bridge import run_lm_eval
+    from test_fsdp import tiny_llama
+    from ccexp.training.models import hf_causal_lm
+
+    folder = tiny_llama(tmp_path / "llama", hidden=32)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "data.jsonl").write_text(json.dumps({"text": "the cat sat"}) + "\n")
+    for name, target in (("good_ppl", "{{text}}"), ("bad_ppl", "{{no_such_field}}")):
+        (tasks / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'data.jsonl'}\n"
+            f"test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{target}'\n"
+            "metric_list:\n  - metric: word_perplexity\nmetadata:\n  version: 1.0\n")
+    errors: dict = {}
+    got = run_lm_eval(hf_causal_lm(str(folder)), load_tokenizer(folder), None, ["bad_ppl", "good_ppl"], batch_size=2,
+                      max_length=64, include_path=str(tasks), errors=errors)
+    assert "good_ppl/word_perplexity" in got and errors["lm_eval"].startswith("1 of 2 task(s) failed: bad_ppl (")

@@ -329,9 +329,11 @@ def test_a_sharded_checkpoint_folder_is_checked_through_its_meta_pt(tmp_path):
     folder = tmp_path / "step-10.ckpt"
     folder.mkdir()
     torch.save({"global_step": 10, "ccexp": {"sampler": "a"}}, folder / "meta.pt")
-    assert check_resume(str(folder), {"sampler": "a"}) == 10
+    assert check_resume(str(folder), {"sampler": "a"}, sharded=True) == 10
+    with pytest.raises(CcexpError, match="is a sharded \\(FSDP\\) checkpoint folder; continue it with the FSDP trainer"):
+        check_resume(str(folder), {"sampler": "a"})  # a trainer that is not FSDP cannot read it
     with pytest.raises(CcexpError, match="saved with other settings"):
-        check_resume(str(folder), {"sampler": "b"})
+        check_resume(str(folder), {"sampler": "b"}, sharded=True)
     (tmp_path / "empty.ckpt").mkdir()
     with pytest.raises(CcexpError, match="does not exist"):
         check_resume(str(tmp_path / "empty.ckpt"), {})

@@ -296,7 +296,7 @@ class CorpusReader:
             fields.add(rec)
             doc_id = rec.get(self.id_field) if self.id_field else None
             batch.add(str(doc_id) if doc_id is not None else f"row-{row}", text, len(prompt),
-                      {name: _label_value(rec.get(name)) for name in self.label_fields})
+                      {name: _label_value(rec.get(name), self.path, row, name) for name in self.label_fields})
             if len(batch.texts) == documents:
                 total += documents
                 yield batch
@@ -425,8 +425,8 @@ class _FieldCensus:
                 self.missing[name] += 1
             elif isinstance(value, float) and not value.is_integer():
                 self.numbers[name] += 1
-            if len(self.distinct[name]) <= self.MANY:
-                self.distinct[name].add(_label_value(value))
+            if len(self.distinct[name]) <= self.MANY and (value is None or isinstance(value, (str, int, float, bool))):
+                self.distinct[name].add(_label_value(value))  # (a structure is refused by the reader, with its row)
         if self.records <= self.SAMPLE:
             for key, value in rec.items():
                 self.seen[key] = self.seen.get(key, 0) + 1
@@ -467,9 +467,20 @@ class _FieldCensus:
                 and len(vals) <= max(2, n // 5)]
 
 
-def _label_value(value) -> str:
-    """A label value as text; a missing or empty one is the visible placeholder ``(none)``."""
-    return "(none)" if value is None or value == "" else str(value)
+def _label_value(value, path=None, row: int = 0, name: str = "") -> str:
+    """A label value as text (a string, a number, a boolean); a missing or empty one is the visible placeholder
+    ``(none)``.
+
+    Raises:
+        CcexpError: for a list, a mapping or another structure (a label names one group: ``["a", "b"]`` would be read
+            as a group named by its printed text).
+    """
+    if value is None or value == "":
+        return "(none)"
+    if not isinstance(value, (str, int, float, bool)):
+        raise CcexpError(f"{path}: record {row} field {name!r} is a {type(value).__name__} ({str(value)[:60]}); a "
+                         "label is one value (a string or a number) per document")
+    return str(value)
 
 
 def read_corpus(path: str | Path, **options) -> Corpus:

@@ -63,6 +63,13 @@ def source_names(sources: Sequence[Any]) -> list[str]:
         names.append(str(s.get("name") or re.sub(r"(\.(jsonl|json|parquet|gz))+$", "", Path(str(s["path"])).name)))
         if "/" in names[-1]:  # ids are <source>/<id>: a "/" in a name could make two sources' ids one
             raise CcexpError(f"data.sources[{i}] is named {names[-1]!r}; a source name may not hold '/'")
+    paths = [str(Path(str(s["path"])).expanduser().resolve()) if "://" not in str(s["path"]) else str(s["path"])
+             for s in source_entries(sources)]
+    for i, p in enumerate(paths):
+        if paths.index(p) != i:
+            raise CcexpError(f"data.sources[{i}] and data.sources[{paths.index(p)}] read the same file ({p}): its "
+                             "documents would be trained on twice and held out under one source while trained on "
+                             "under the other; give each file once")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise CcexpError(f"data.sources: two sources are named {repeated[0]!r}; give each a distinct name "

@@ -117,17 +117,20 @@ def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: Tra
                                                      "documents": np.zeros(split.num_clusters, np.int64), "ppl": nan}
     mark = mark or (lambda phase: None)
     mark("eval")
-    if settings.lm_eval is not None:
+    if settings.lm_eval is not None and not settings.lm_eval.local_tasks and not settings.lm_eval.tasks:
+        log.info("lm-eval: no task (eval.lm_eval.local_tasks=false and eval.lm_eval.tasks=[]): nothing to score")
+    elif settings.lm_eval is not None:
         from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
 
         whole = isolated("lm_eval", errors, run_dir, lm_model) if lm_model is not None else model
         lm_metrics = {}
         if whole is not None:  # None: loading the whole model failed (an lm_eval error already)
             lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, settings.lm_eval, whole, tokenized.tokenizer,
-                                  take(corpus.texts, held), held_labels, run_dir) or {}
+                                  take(corpus.texts, held), held_labels, run_dir, errors) or {}
         metrics.update({f"lm_eval/{k}": v for k, v in lm_metrics.items()})
-        log.info("lm-eval: %s", ", ".join(f"{k}={v:.3f}" for k, v in lm_metrics.items()
-                                          if k.endswith(("/acc", "/word_perplexity"))))
+        shown = [f"{k}={v:.3f}" for k, v in lm_metrics.items() if k.endswith(("/acc", "/word_perplexity"))]
+        if shown:
+            log.info("lm-eval: %s", ", ".join(shown))
         mark("lm_eval")
     return EvalResult(metrics, per_cluster, time.perf_counter() - t0, errors, report.per_document if report else None)
 

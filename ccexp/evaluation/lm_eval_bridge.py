@@ -151,9 +151,10 @@ def _split_half(text: str) -> tuple[str, str]:
 
 def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, batch_size: int = 16,
                 max_length: int | None = None, limit: int | None = None, device: str = "cpu",
-                seed: int = 0, include_path: str | None = None) -> dict[str, float]:
+                seed: int = 0, include_path: str | None = None, errors: dict | None = None) -> dict[str, float]:
     """Evaluate ``model`` on ``tasks`` with lm-eval; return ``{"<task>/<metric>": value}``. ``task_dir``: ccexp's
     local tasks of this run; ``include_path``: a folder of the user's own task YAMLs (``eval.lm_eval.include_path``).
+    A task that fails is one warning and, in ``errors["lm_eval"]``, one entry; the other tasks are kept.
 
     Raises:
         CcexpError: if lm-eval cannot be imported, or a task is unknown (not in ``task_dir``, not in
@@ -178,11 +179,18 @@ def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, ba
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device, max_length=max_length)
     out: dict[str, float] = {}
     t0 = time.perf_counter()
+    failed = []
     for n, task in enumerate(tasks, start=1):  # one task at a time, so a long evaluation shows its progress
         t_task = time.perf_counter()
-        results = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit, log_samples=False,
-                                          bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,
-                                          torch_random_seed=seed, fewshot_random_seed=seed)
+        try:
+            results = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit,
+                                              log_samples=False, bootstrap_iters=0, random_seed=seed,
+                                              numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+        except Exception as e:  # noqa: BLE001 (a task of its own making: the others are kept)
+            line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e).strip() else 'no message'}"[:300]
+            failed.append(f"{task} ({line})")
+            log.warning("lm-eval: task %d/%d %s failed (%s); the other tasks are kept", n, len(tasks), task, line)
+            continue
         for name, metrics in results["results"].items():
             for key, value in metrics.items():
                 if "stderr" not in key and isinstance(value, (int, float)):
@@ -190,11 +198,13 @@ def run_lm_eval(model, tokenizer, task_dir: Path | None, tasks: list[str], *, ba
         now = time.perf_counter()
         log.info("lm-eval: task %d/%d %s done in %.0f s (%.0f s so far)", n, len(tasks), task, now - t_task, now - t0)
     model.train(was_training)
+    if failed and errors is not None:
+        errors["lm_eval"] = f"{len(failed)} of {len(tasks)} task(s) failed: " + "; ".join(failed)
     return out
 
 
 def evaluate(lcfg, model, tokenizer, heldout_texts: list[str], heldout_labels: dict[str, list[str]],
-             run_dir: Path) -> dict[str, Any]:
+             run_dir: Path, errors: dict | None = None) -> dict[str, Any]:
     """The ``eval.lm_eval`` step of a run (``lcfg``: that node): local tasks for the corpus plus any configured
     standard tasks."""
     tasks: list[str] = []
@@ -211,7 +221,8 @@ def evaluate(lcfg, model, tokenizer, heldout_texts: list[str], heldout_labels: d
     include = lcfg.get("include_path")
     return run_lm_eval(model, tokenizer, task_dir, tasks, batch_size=lcfg.batch_size, max_length=max_length,
                        limit=lcfg.limit, device=device, seed=int(lcfg.seed),
-                       include_path=str(Path(str(include)).expanduser()) if include is not None else None)
+                       include_path=str(Path(str(include)).expanduser()) if include is not None else None,
+                       errors=errors)
 
 
 def import_lm_eval():

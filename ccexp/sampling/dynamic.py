@@ -62,9 +62,9 @@ from ccexp.sampling.uniform import UniformSampler
 _DYNAMIC_STREAM = 0x44594E41  # "DYNA"
 
 
-def load_reference_losses(source: str | Sequence[float] | None, num_clusters: int) -> np.ndarray | None:
+def load_reference_losses(source: str | Sequence[float] | None, num_clusters: int | None) -> np.ndarray | None:
     """float64[K] reference per-cluster losses (nats per token, finite and >= 0) from a list, a ``.npy``
-    file or a JSON list file.
+    file or a JSON list file (``num_clusters`` None: any K, for a check before the clustering).
 
     Raises:
         CcexpError: if the file is missing, a folder or unreadable, a value is not a number, non-finite
@@ -87,6 +87,12 @@ def load_reference_losses(source: str | Sequence[float] | None, num_clusters: in
                 read_json(path, name, "a UTF-8 JSON list", noun="cluster")
         else:
             raw = list(source)
+        if isinstance(raw, np.ndarray) and raw.dtype.kind not in "iuf":
+            raise CcexpError(f"{name} holds {raw.dtype} values; reference losses are numbers (float)")
+        for c, v in enumerate(raw if isinstance(raw, list) else []):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise CcexpError(f"{name}: cluster {c}'s loss is {v!r}, not a number; reference losses are nats per "
+                                 "token, one number per cluster")
         values = np.asarray(raw, dtype=np.float64)
     except CcexpError:
         raise
@@ -94,8 +100,8 @@ def load_reference_losses(source: str | Sequence[float] | None, num_clusters: in
         raise CcexpError(f"{name} cannot be read as {num_clusters} numbers ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else 'no detail'}); give a list, a .npy array or a JSON "
                          "list of floats, one loss per cluster") from None
-    if values.shape != (num_clusters,):
-        raise CcexpError(f"{name} must hold {num_clusters} values (one per cluster), got shape {values.shape}")
+    if values.ndim != 1 or (num_clusters is not None and values.shape != (num_clusters,)):
+        raise CcexpError(f"{name} must hold {num_clusters or 'K'} values (one per cluster), got shape {values.shape}")
     bad = ~np.isfinite(values) | (values < 0)
     if bad.any():
         c = int(np.flatnonzero(bad)[0])

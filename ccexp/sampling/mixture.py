@@ -44,7 +44,6 @@ has the one possible mix ``[1]``: there the weights' values are checked, not the
 from __future__ import annotations
 
 import csv
-import io
 import logging
 import math
 from collections.abc import Mapping
@@ -53,8 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from ccexp.data.userfiles import read_json
-from ccexp.errors import CcexpError, not_utf8_line
+from ccexp.data.userfiles import read_csv, read_json
+from ccexp.errors import CcexpError
 import ccexp.sampling.kernels as kernels
 from ccexp.sampling.base import document_shares, normalised
 from ccexp.sampling.clip import RepetitionClip
@@ -83,17 +82,18 @@ def _number(value: Any, where: str) -> float:
 
 
 def _csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    """(header, rows) of the CSV file ``path``, or a one-line CcexpError (unreadable, not UTF-8, binary)."""
-    try:  # decoded whole, so an error's offset is the file's; a byte-order mark (Excel's UTF-8 CSV) is no error
-        reader = csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8-sig"), newline=""))
-        rows = list(reader)
-        return list(reader.fieldnames or []), rows
-    except OSError as e:
-        raise CcexpError(f"{_KEY}={str(path)!r} cannot be read: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise CcexpError(not_utf8_line(f"{_KEY}={str(path)!r}", e, "UTF-8 CSV")) from None
-    except csv.Error as e:  # a NUL byte: a binary file named .csv
-        raise CcexpError(f"{_KEY}={str(path)!r} is not a CSV text file ({e}); save it as UTF-8 CSV") from None
+    """(header, rows) of the CSV file ``path`` ([`ccexp.data.userfiles.read_csv`][ccexp.data.userfiles.read_csv])."""
+    return read_csv(path, f"{_KEY}={str(path)!r}")
+
+
+def input_files(source: Any) -> list[Path]:
+    """The files ``sampler.weights`` reads when it names a path: the file, or an earlier run's
+    ``tables/clusters.csv``; [] for a list, a mapping or ``doremi`` (what a run's identity hashes besides its
+    settings, [`ccexp.names.run_identity`][ccexp.names.run_identity])."""
+    if not isinstance(source, (str, Path)) or source == LEARNED:
+        return []
+    path = Path(source).expanduser()
+    return [path / "tables" / "clusters.csv"] if path.is_dir() else [path]
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> dict[str, str]:

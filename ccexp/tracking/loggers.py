@@ -5,31 +5,15 @@ file or on a read-only mount, an option its writer does not take) is one line in
 after the embedding. [`close_logger`][ccexp.tracking.loggers.close_logger] ends one (the run's, and the trial's)."""
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from ccexp.artifacts import folder_problem
 from ccexp.build import build
 from ccexp.errors import CcexpError
-
-
-def folder_problem(path: Path) -> str | None:
-    """Why folder ``path`` cannot be made or written (its nearest existing ancestor is a file, or not writable),
-    or None when it can."""
-    path = Path(path).expanduser().absolute()
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            return "no part of it exists"
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a folder" if probe != path else "it is not a folder"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable by this user"
-    return None
 
 
 def folder_options(entry: DictConfig) -> dict[str, str]:
@@ -50,8 +34,9 @@ def close_logger(logger: Any, status: str = "success") -> None:
 
 def trial_start(entry: DictConfig, key: str) -> None:
     """Start the logger of ``entry`` (``logger.loggers.<name>``, named ``key`` in the lines) as a run would, in a
-    scratch folder that is removed after: each of its folder options must be one this user can make, and the logger's
-    own writer must start (``logger.experiment``) with the rest of its options as given.
+    scratch folder that is removed after: each of its folder options, and the folder it will write
+    (``logger.log_dir``), must be one this user can make, and the logger's own writer must start
+    (``logger.experiment``) and take a first value with the rest of its options as given.
 
     Raises:
         CcexpError: one line naming the option and why, or the logger and its writer's error.
@@ -60,12 +45,18 @@ def trial_start(entry: DictConfig, key: str) -> None:
         problem = folder_problem(Path(value))
         if problem is not None:
             raise CcexpError(f"{key}.{option}={value!r} cannot be made ({problem}); give a folder you can write")
+    log_dir = build(entry, key).log_dir  # the folder it will write (save_dir/name/version for TensorBoard, ...)
+    problem = folder_problem(Path(log_dir)) if log_dir else None
+    if problem is not None:
+        raise CcexpError(f"{key} writes into {log_dir}, which cannot be made ({problem}); change its save_dir or "
+                         "name")
     with tempfile.TemporaryDirectory(prefix="ccexp-logger-") as scratch:
         trial = OmegaConf.to_container(entry, resolve=True)
         trial.update({option: str(Path(scratch) / option) for option in folder_options(entry)})
         try:
             logger = build(OmegaConf.create(trial), key)
             logger.experiment  # noqa: B018  (the writer starts here: SummaryWriter, wandb.init, ...)
+            logger.log_metrics({"ccexp/trial_start": 0.0}, step=0)  # and takes a first value (CSV: its flushing)
             close_logger(logger)
         except CcexpError:
             raise

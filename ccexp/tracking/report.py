@@ -122,7 +122,7 @@ def require_experiment(client, experiment: str):
     return exp
 
 
-def check_parent(client, parent: str, experiment: str, store: str = "this store") -> None:
+def check_parent(client, parent: str, experiment: str, store: str = "this store", all_runs: bool = True) -> None:
     """``--parent`` of ccexp.report and ccexp.ui: a run that exists in ``experiment`` of the store and is a sweep's
     parent run (tag ``ccexp.sweep``).
 
@@ -152,7 +152,7 @@ def check_parent(client, parent: str, experiment: str, store: str = "this store"
                          f"--experiment); {latest}")
     if run.data.tags.get("ccexp.sweep") != "true":
         raise CcexpError(f"--parent {parent}: run {run.info.run_name} is not a sweep's parent run; {latest} (or "
-                         "--all-runs to compare every finished run)")
+                         + ("--all-runs to compare every finished run)" if all_runs else "omit --parent)"))
 
 
 def output_folder(path: Path, flag: str = "--out") -> Path:
@@ -511,6 +511,10 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     runs = collect(client, parent_run_id=parent_run_id, experiment=experiment)
     if not runs:
         raise CcexpError("no finished runs to compare")
+    if not any(re.match(p, k) for r in runs for k in r.data.metrics for p in _PATTERNS):
+        raise CcexpError(f"the {len(runs)} finished run(s) of experiment {experiment!r} hold no held-out metric "
+                         "(eval/ppl, ...): nothing to compare; they are not training runs (a plan's runs are in "
+                         "<experiment>-plan)")
     context = sweep_context(client, parent_run_id)
     comparison = Comparison.of(runs, title="", group_by=group_by, baseline=baseline, require_baseline=require_baseline,
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),

@@ -263,16 +263,53 @@ def runs_of(identity: RunIdentity, run_dir: Path | None, outputs: Path) -> tuple
     return mine, identity
 
 
-def _bury(runs: list[Earlier], name: str) -> list[Earlier]:
-    """The runs of configuration ``name`` whose run.json says ``running`` while this process holds its claim (so no
-    process runs them: SIGKILL, the OOM killer, a node lost): recorded ``killed`` in their run.json, one line each."""
-    dead = [r for r in runs if r.status == "running" and not r.alive()]
-    for r in dead:
-        ckpt = next((p for p in r.checkpoints if unreadable(p) is None), None)
-        log.warning("resume: %s (%s) was killed (its process is gone; run.json still said running): %s", name,
-                    r.describe(), f"its newest checkpoint is {ckpt}" if ckpt else "it left no checkpoint")
-        write_run_json(r.folder, status="killed", ended=time.time())
-        r.meta["status"] = "killed"
+def _gone(run: Earlier, outputs: Path) -> bool:
+    """True when no process runs ``run`` (its run.json says running): on this host its pid is gone; elsewhere its
+    configuration's claim ([`claim`][ccexp.tracking.resume.claim]) is free (taken and dropped at once)."""
+    import fcntl
+
+    if run.meta.get("host") == socket.gethostname() and run.meta.get("pid"):
+        return not run.alive()
+    digest = run.meta.get("config_digest")
+    path = (Path(outputs) / CLAIMS / f"{digest}.lock").resolve() if digest else None
+    if path is None or not path.is_file() or path in _HELD:
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _bury(outputs: Path, run_dir: Path | None) -> list[Earlier]:
+    """Every run under ``outputs`` (of any configuration) whose run.json says ``running`` while no process runs it
+    ([`_gone`][ccexp.tracking.resume._gone]: SIGKILL, the OOM killer, a node lost): recorded ``killed`` in its
+    run.json, one line each; their MLflow runs are ended by the caller ([`end_dead_runs`][ccexp.tracking.resume.end_dead_runs])."""
+    dead = []
+    for path in [*outputs.glob(f"runs/**/{RUN_JSON}"), *outputs.glob(f"multirun/**/{RUN_JSON}")]:
+        if path.parent == run_dir:
+            continue
+        try:
+            meta = json.loads(path.read_text())
+            running = isinstance(meta, dict) and meta.get("status") == "running"
+        except (OSError, ValueError):
+            continue
+        run = Earlier(path.parent, meta, float(meta.get("started") or 0.0) if running else 0.0) if running else None
+        if run is None or not _gone(run, outputs):
+            continue
+        run.checkpoints = sorted((run.folder / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime,
+                                 reverse=True)
+        ckpt = next((p for p in run.checkpoints if unreadable(p) is None), None)
+        log.warning("resume: %s (%s) was killed (its process is gone; run.json still said running): %s",
+                    meta.get("run_name", "a run"), run.describe(),
+                    f"its newest checkpoint is {ckpt}" if ckpt else "it left no checkpoint")
+        write_run_json(run.folder, status="killed", ended=time.time())
+        run.meta["status"] = "killed"
+        dead.append(run)
     return dead
 
 
@@ -305,7 +342,9 @@ def find_resume(resume_from: str | None, identity: RunIdentity, run_dir: Path | 
     if going is not None:  # a run of ccexp from before claims, on this machine
         raise CcexpError(f"{identity.name} is running now (pid {going.meta['pid']}, {going.folder}); wait for it, or "
                          "stop it (Ctrl-C) and run the same command again to continue it")
-    dead = _bury(runs, identity.name) if leader else []  # rank 0 records; the others follow it
+    dead = _bury(Path(outputs), run_dir) if leader else []  # rank 0 records; the others follow it
+    for run in (r for r in runs if any(d.folder == r.folder for d in dead)):  # this configuration's among them
+        run.meta["status"] = "killed"
     if resume_from == "fresh" or (resume_from is None and multirun):
         return Resume(identity=identity, dead=dead)
     if resume_from not in (None, "last", "auto"):

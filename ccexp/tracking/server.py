@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ccexp.errors import CcexpError
-from ccexp.tracking.store import Store, check_server, ensure_experiment, open_store, unreachable
+from ccexp.tracking.store import Store, check_server, check_sqlite, ensure_experiment, open_store, unreachable
 
 log = logging.getLogger("ccexp")
 
@@ -379,6 +379,7 @@ def deliver_store(folder: Path, uri: str | None = None) -> list[tuple[str, str, 
     if not db.is_file():
         raise CcexpError(f"{folder} holds no local MLflow store (no mlflow.db); give the folder that the run's line "
                          f"names ({LOCAL_STORE} in the run folder)")
+    check_sqlite(db, instead="give the folder of a local store that a run wrote")
     local = MlflowClient(f"sqlite:///{db.resolve()}")
     pending = [r for e in local.search_experiments() for r in local.search_runs([e.experiment_id], max_results=50000)
                if DELIVERED not in r.data.tags]
@@ -387,6 +388,9 @@ def deliver_store(folder: Path, uri: str | None = None) -> list[tuple[str, str, 
         target = uri or run.data.tags.get(SERVER_URI)
         if not target:
             raise CcexpError(f"run {run.info.run_name} in {db} does not name its server; pass --tracking-uri")
+        if target.strip().startswith("sqlite:///") and \
+                Path(target.strip()[len("sqlite:///"):]).expanduser().resolve() == db.resolve():
+            raise CcexpError(f"--tracking-uri {target} is the local store itself ({db}); deliver it to another store")
         check_server(Store(target, "--tracking-uri" if uri else f"the record of run {run.info.run_name}"))
         server = MlflowClient(target)
         server_id = run.data.tags.get(SERVER_RUN) if target == run.data.tags.get(SERVER_URI) else None

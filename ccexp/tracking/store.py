@@ -39,6 +39,9 @@ class Store:
     ignored: str = ""
 
     def __post_init__(self) -> None:
+        uri = self.uri.strip()  # a pasted URI's spaces; a scheme in capitals is the same scheme
+        scheme = uri.split("://", 1)[0] if "://" in uri else ""
+        object.__setattr__(self, "uri", scheme.lower() + uri[len(scheme):] if scheme else uri)  # a frozen record
         problem = unusable_uri(self.uri)
         if problem is not None:
             setting = {"default": "the default store", "default-cli": "the default store"}.get(self.source, self.source)
@@ -82,14 +85,21 @@ def unusable_uri(uri: str) -> str | None:
     from urllib.parse import urlparse
 
     text = uri.strip()
-    parsed = urlparse(text)
+    try:
+        parsed = urlparse(text)
+        parsed.port  # noqa: B018  (a port that is not a number, a bracket left open: ValueError here)
+    except ValueError as e:
+        return f"not a URL ({e}); e.g. http://127.0.0.1:5000 or http://[::1]:5000"
     scheme = parsed.scheme.lower()
     if scheme in ("http", "https"):
         return None if parsed.netloc else f"{scheme}:// needs a host, e.g. {scheme}://127.0.0.1:5000"
     if scheme == "sqlite":
         return None if text.startswith("sqlite:///") else "a SQLite store is sqlite:/// and a path, e.g. "                                                            "sqlite:///outputs/mlflow.db"
-    if scheme.split("+")[0] in DATABASES or scheme == "databricks" or text == "databricks":
-        return None
+    if scheme.split("+")[0] in DATABASES:
+        return _database_driver_problem(text)
+    if scheme == "databricks" or text == "databricks":
+        return ("a Databricks workspace is not a store ccexp checks or writes offline; give http(s)://host:port or "
+                "sqlite:///path")
     host_port = re.fullmatch(r"([A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(\d{1,5})(/.*)?", text)
     if host_port and (not scheme or scheme == host_port.group(1).lower()):
         return f"without a scheme it is read as a file path; did you mean http://{text}?"
@@ -98,6 +108,20 @@ def unusable_uri(uri: str) -> str | None:
                 f"{Path(parsed.path or text).expanduser()}.db or a server as http://host:port")
     return (f"the scheme {scheme}:// is not one MLflow stores runs in; use http(s)://host:port, sqlite:///path or a "
             "database URI")
+
+
+def _database_driver_problem(uri: str) -> str | None:
+    """Why a database URI cannot be used here: its driver is not installed (SQLAlchemy imports it when the engine is
+    made, which opens no connection); None when it can."""
+    try:
+        from sqlalchemy import create_engine
+
+        create_engine(uri).dispose()
+    except ModuleNotFoundError as e:
+        return f"its database driver is not installed (No module named {e.name!r}); pip install it"
+    except Exception as e:  # noqa: BLE001 (SQLAlchemy's own: a malformed database URL)
+        return f"not a database URL SQLAlchemy reads ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    return None
 
 
 def resolve_store(configured: str | None, default_uri: str, source: str = "logger.tracking_uri") -> Store:
@@ -297,6 +321,11 @@ def check_sqlite(db: Path, write: bool = False, instead: str = "set logger.track
         return
     import tempfile
 
+    from ccexp.artifacts import folder_problem
+
+    problem = folder_problem(db.parent)
+    if problem is not None:
+        raise CcexpError(f"the MLflow store {db} cannot be made ({problem}); {instead}")
     try:
         if db.is_file():
             with open(db, "r+b"):

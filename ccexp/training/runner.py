@@ -379,10 +379,10 @@ def run_signature(cfg: DictConfig, fingerprints: dict[str, str], num_clusters: i
                                                               str(cfg.trainer.accelerator))}
 
 
-def check_resume(path: str, signature: dict) -> int:
+def check_resume(path: str, signature: dict, sharded: bool = False) -> int:
     """Refuse, in one line naming what differs, to resume a checkpoint saved under other settings; return
-    the optimizer step it was saved after. ``path`` is a ``.ckpt`` file or a sharded (FSDP) checkpoint
-    folder, whose signature and step are in its ``meta.pt``.
+    the optimizer step it was saved after. ``path`` is a ``.ckpt`` file or, with ``sharded`` (the run's trainer is
+    FSDP), a sharded checkpoint folder, whose signature and step are in its ``meta.pt``.
 
     Raises:
         CcexpError: if the checkpoint is missing or unreadable, or its settings differ from ``signature``.
@@ -391,6 +391,10 @@ def check_resume(path: str, signature: dict) -> int:
 
     source = Path(path)
     if source.is_dir() and (source / "meta.pt").is_file():
+        if not sharded:
+            raise CcexpError(f"train.resume_from={path} is a sharded (FSDP) checkpoint folder; continue it with the "
+                             "FSDP trainer it was written by (trainer.strategy=fsdp), or export it first "
+                             "(train.save_model=true writes <run>/model)")
         source = source / "meta.pt"  # a sharded (FSDP) checkpoint folder: Lightning keeps all but the tensors here
     if not source.is_file():
         raise CcexpError(f"train.resume_from={path!r} does not exist; give a checkpoint (.ckpt) of an earlier run "
@@ -424,7 +428,7 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
     """
     t0 = time.perf_counter()
     if resume_from:
-        step = check_resume(resume_from, signature)
+        step = check_resume(resume_from, signature, sharded=str(cfg.trainer.strategy).startswith("fsdp"))
         # Lightning cannot see that the data module restores the stream exactly, and warns otherwise
         warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
         log.info("resume: continuing after step %d from %s on exactly the tokens an uninterrupted run trains on (the "
