@@ -61,7 +61,8 @@ def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-IDENTITY_EXCLUDED = ("paths", "train.resume_from")  # where a run writes and what it continues: not what it computes
+# where a run writes (its folders, the MLflow store it records to) and what it continues: not what it computes
+IDENTITY_EXCLUDED = ("paths", "logger.tracking_uri", "train.resume_from")
 
 
 def config_identity(container: dict) -> str:
@@ -73,9 +74,13 @@ def config_identity(container: dict) -> str:
     import json
 
     container = copy.deepcopy(container)
-    container.pop("paths", None)
-    if isinstance(container.get("train"), dict):
-        container["train"].pop("resume_from", None)
+    for dotted in IDENTITY_EXCLUDED:
+        *parents, leaf = dotted.split(".")
+        node = container
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
     return hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()
 
 
