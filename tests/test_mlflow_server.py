@@ -591,3 +591,27 @@ def test_5xx_and_a_timeout_on_one_call_are_retried_and_lose_nothing(server, cach
     assert "Retrying (Retry(" in proc.stdout and "Read timed out. (read timeout=4)" in proc.stdout  # urllib3's
     assert "stopped answering" not in proc.stdout and not (run_folder(out) / "mlflow-local").exists()
     assert snapshot(MlflowClient(server.uri), run_id_of(out)) == reference[1]
+
+
+@pytest.mark.parametrize("transport, why", [
+    (lambda: __import__("requests").exceptions.ChunkedEncodingError(http.client.IncompleteRead(b"")), "connection lost"),
+    (lambda: http.client.RemoteDisconnected("Remote end closed connection without response"), "connection lost"),
+    (lambda: __import__("requests").exceptions.ConnectionError("Connection refused"), "connection refused"),
+    (lambda: __import__("requests").exceptions.ReadTimeout("read timed out"), "timed out"),
+    (lambda: ValueError("a bug, not the server"), None),
+])
+def test_a_server_that_dies_in_the_middle_of_its_answer_has_gone_away(transport, why):
+    """MLflow wraps the transport's error in its own (``API request ... failed with exception``): what the server's
+    absence reads as is found in the chain, a cut answer (the server killed while it wrote) included; anything else
+    is not called an absence."""
+    from mlflow.exceptions import MlflowException
+
+    from ccexp.tracking.store import unreachable
+
+    try:
+        try:
+            raise transport()
+        except Exception as inner:  # noqa: BLE001
+            raise MlflowException(f"API request to http://127.0.0.1:1/api failed with exception {inner}")
+    except MlflowException as wrapped:
+        assert unreachable(wrapped) == why

@@ -146,8 +146,12 @@ def absolute(uri: str) -> str:
 def unreachable(exc: BaseException) -> str | None:
     """Why ``exc`` says the tracking server could not be reached — refused, timed out, or answering 5xx
     to every one of MLflow's retries — in a few words; None for any other error (a request the server
-    refused, a bug), which is raised as it is."""
+    refused, a bug), which is raised as it is. A server that dies while it answers (a cut chunked body,
+    ``IncompleteRead``) has gone away too."""
+    import http.client
+
     import requests
+    import urllib3
 
     seen, e = set(), exc
     while e is not None and id(e) not in seen:
@@ -161,6 +165,9 @@ def unreachable(exc: BaseException) -> str | None:
         if isinstance(e, requests.exceptions.Timeout) or (
                 isinstance(e, requests.exceptions.ConnectionError) and "timed out" in str(e).lower()):
             return "timed out"
+        if isinstance(e, (requests.exceptions.ChunkedEncodingError, http.client.IncompleteRead,
+                          http.client.RemoteDisconnected, urllib3.exceptions.ProtocolError)):
+            return "connection lost"  # the server went away in the middle of its answer
         if isinstance(e, requests.exceptions.ConnectionError):
             text = str(e).lower()
             return ("connection refused" if "refused" in text else "host not found" if "resolve" in text or
