@@ -35,6 +35,19 @@ def _offline(tmp_path_factory):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _tracking_uri_kept_to_its_test():
+    """MLflow's ``set_tracking_uri`` (called by Lightning's MLFlowLogger and MLflow's fluent API when a run opens in
+    the test's own process) writes ``MLFLOW_TRACKING_URI`` into ``os.environ``; every later ``python -m ccexp`` a
+    test starts would inherit it and log to that test's store. Each test gets the variable as it found it."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def builtin_records() -> list[dict]:
     from ccexp.data.corpus import BUILTIN_PATH
