@@ -4,6 +4,7 @@ stands for, asserting the right behaviour. The corpora are the cases' own, copie
 (c35, c38)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import signal
@@ -177,9 +178,14 @@ def test_c35_a_tracking_uri_mlflow_cannot_use_is_one_line_wherever_it_is_given(u
         run_store(uri, Path("outputs"))
     with pytest.raises(CcexpError, match=re.escape(f"--tracking-uri={uri!r} is not a tracking URI MLflow can use")):
         cli_store(None, uri)
-    for fine in ("http://127.0.0.1:5000", "https://mlflow.example.com", "sqlite:///tmp/x/mlflow.db", "databricks",
-                 "postgresql+psycopg2://u@host/db"):
+    for fine in ("http://127.0.0.1:5000", "https://mlflow.example.com", "sqlite:///tmp/x/mlflow.db"):
         Store(fine, "logger.tracking_uri")
+    database = "postgresql+psycopg2://u@host/db"  # a database store: fine where its driver is installed
+    if importlib.util.find_spec("psycopg2") is not None:
+        Store(database, "logger.tracking_uri")
+    else:
+        with pytest.raises(CcexpError, match="its database driver is not installed"):
+            Store(database, "logger.tracking_uri")
 
 
 def test_c35_a_uri_without_its_scheme_stops_the_run_and_deliver_before_any_work(tmp_path):

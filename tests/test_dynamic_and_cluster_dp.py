@@ -218,13 +218,13 @@ def test_doremi_does_not_collapse_at_the_defaults_and_still_follows_a_real_exces
 
 
 @pytest.mark.parametrize("content,suffix,message", [
-    ("{not json", ".json", "cannot be read as 4 numbers (JSONDecodeError"),
+    ("{not json", ".json", "is not readable JSON"),
     ('{"a": 1}', ".json", "cannot be read as 4 numbers"),
     ("plain text", ".npy", "cannot be read as 4 numbers"),
     (None, "dir", "is a folder"),
     ([1.0, 2.0, 3.0, float("nan")], None, "cluster 3's loss is nan"),
     ([1.0, -2.0, 3.0, 4.0], None, "cluster 1's loss is -2.0"),
-    (["a", "b", "c", "d"], None, "cannot be read as 4 numbers (ValueError"),
+    (["a", "b", "c", "d"], None, "cluster 0's loss is 'a', not a number"),
     (5, None, "cannot be read as 4 numbers"),
 ])
 def test_malformed_reference_losses_are_one_line(tmp_path, content, suffix, message):
