@@ -4,7 +4,7 @@ User errors (bad config, bad input, missing files) print one line, ``ccexp: erro
 A signal (SIGTERM from Slurm or Kubernetes, SIGINT from Ctrl-C) stops the run with one line and
 status 128 + signal (143, 130) after saving a checkpoint to resume from; in a job of
 ``hydra/launcher=slurm`` the same holds, and SIGUSR2 (the job's time limit is near) stops it too
-and has submitit requeue it ([`ccexp.tracking.launcher`][ccexp.tracking.launcher]). In a sweep (``-m``) a job that fails
+and has submitit requeue it ([`ccexp.launch.launcher`][ccexp.launch.launcher]). In a sweep (``-m``) a job that fails
 records its line in its folder and the sweep goes on; the sweep then exits 1 with the list of
 failed jobs.
 """
@@ -32,9 +32,9 @@ def main(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from ccexp.errors import Interrupted, StoppedEarly
-    from ccexp.tracking.launcher import catch_signals, end_job, in_launcher_job
-    from ccexp.tracking.resume import release_claims
-    from ccexp.tracking.sweep import write_job_status
+    from ccexp.launch.launcher import catch_signals, end_job, in_launcher_job
+    from ccexp.launch.resume import release_claims
+    from ccexp.launch.sweep import write_job_status
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -77,7 +77,7 @@ def main(cfg: DictConfig) -> float:
                          overrides)
         return float("nan")
     finally:
-        release_claims()  # this configuration's running claim (ccexp.tracking.resume.claim): the run is over
+        release_claims()  # this configuration's running claim (ccexp.launch.resume.claim): the run is over
     if multirun:
         write_job_status(job_dir, "FINISHED", "", overrides)
     return float(metrics.get("ppl_macro", float("nan")))
@@ -87,8 +87,8 @@ def kept_or_skipped(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> boo
     """True when this sweep job does not train: it finished in an earlier launch into the same sweep
     folder (kept), or it would train on the identical token stream as an earlier job of the sweep
     (skipped, unless ``report.skip_duplicates=false``); says which in one line."""
-    from ccexp.tracking.arms import duplicate_of
-    from ccexp.tracking.sweep import finished_before, write_job_status
+    from ccexp.launch.arms import duplicate_of
+    from ccexp.launch.sweep import finished_before, write_job_status
 
     if finished_before(job_dir, overrides):
         log.info("sweep: job %s finished in an earlier launch of this sweep: kept, not retrained", job_dir.name)
@@ -234,7 +234,7 @@ def cli() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from ccexp.errors import Interrupted, Refused, StoppedEarly, raise_interrupted
-    from ccexp.tracking.sweep import LAST_SWEEP_FAILURES, close_active_sweep
+    from ccexp.launch.sweep import LAST_SWEEP_FAILURES, close_active_sweep
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we print user errors as one line
     signal.signal(signal.SIGTERM, raise_interrupted)  # training replaces it to stop at a step boundary

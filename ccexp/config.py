@@ -760,7 +760,7 @@ class PlanConfig:
 
 @dataclass
 class ReportConfig:
-    """How a sweep's runs are compared (`ccexp.tracking.report`, [`ccexp.tracking.verdict`][ccexp.tracking.verdict])."""
+    """How a sweep's runs are compared (`ccexp.compare.report`, [`ccexp.compare.verdict`][ccexp.compare.verdict])."""
 
     baseline: str = "random"  # the sampler every other is paired with, seed by seed
     min_effect: float = 0.02  # the smallest difference that matters, as a share of the baseline's mean

@@ -17,7 +17,7 @@ from ccexp.names import run_identity
 from ccexp.preflight import check_cluster_counts, preflight
 from ccexp.runtime import Phases, quiet_libraries
 from ccexp.tracking.mlflow_run import RunRecord
-from ccexp.tracking.resume import find_resume, finished_before
+from ccexp.launch.resume import find_resume, finished_before
 from ccexp.training import runner
 from ccexp.training.reference import prior_options
 

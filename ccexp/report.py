@@ -1,5 +1,5 @@
-"""``python -m ccexp.report``: the comparison report of a sweep (see [`ccexp.tracking.report`][ccexp.tracking.report])."""
-from ccexp.tracking.report import main
+"""``python -m ccexp.report``: the comparison report of a sweep (see [`ccexp.compare.report`][ccexp.compare.report])."""
+from ccexp.compare.report import main
 
 if __name__ == "__main__":
     main()

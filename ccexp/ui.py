@@ -43,8 +43,8 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
         CcexpError: when the experiment does not exist or holds no run.
     """
     from ccexp.evaluation.heldout import HEADLINE_KEYS, is_headline_key
-    from ccexp.tracking.report import HEADLINE, check_parent, latest_sweep, require_experiment
-    from ccexp.tracking.verdict import PRIMARY
+    from ccexp.compare.report import HEADLINE, check_parent, latest_sweep, require_experiment
+    from ccexp.compare.verdict import PRIMARY
 
     exp = require_experiment(client, experiment)
     if parent is None:
@@ -187,7 +187,7 @@ def serve(uri: str, host: str, port: int, wait_s: float = 120.0) -> subprocess.P
 
 
 def _latest_sweep(client, experiment: str) -> str | None:
-    from ccexp.tracking.report import latest_sweep
+    from ccexp.compare.report import latest_sweep
 
     try:
         return latest_sweep(client, experiment)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped ccexp.ui stops its server too (finally)
     proc = None
     try:
-        from ccexp.tracking.report import cli_store
+        from ccexp.compare.report import cli_store
         from ccexp.tracking.store import check_server, read_store
 
         store = cli_store(args.store, args.tracking_uri)

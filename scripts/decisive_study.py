@@ -318,7 +318,7 @@ def report(outputs: Path, out: Path) -> None:
     """Step 5: the main sweep's comparison report (verdict first) and ``study.json``."""
     from mlflow import MlflowClient
 
-    from ccexp.tracking.report import write_report
+    from ccexp.compare.report import write_report
 
     client = MlflowClient(f"sqlite:///{(outputs / 'mlflow.db').resolve()}")
     parent = json.loads((outputs / "multirun" / "main" / "sweep.json").read_text())["parent_run_id"]
@@ -343,7 +343,7 @@ def seeds_plot(comparison, path: Path, metric: str = "eval/ppl_macro", target: f
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ccexp.tracking.stats import mean_ci
+    from ccexp.compare.stats import mean_ci
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     base = {r.data.params["seed"]: r.data.metrics[metric] for r in comparison.groups["random"]}
@@ -384,8 +384,8 @@ def budget_rows(groups: dict[str, list], target: float = 0.02) -> list[dict]:
     training, one after another); ``measured_cpu_hours``: what this budget's runs took (their total seconds)."""
     from scipy import stats
 
-    from ccexp.tracking.budget import throughput
-    from ccexp.tracking.stats import mean_ci, sample_sd, seeds_for_half_width
+    from ccexp.compare.budget import throughput
+    from ccexp.compare.stats import mean_ci, sample_sd, seeds_for_half_width
 
     def at(runs: list, tokens: int) -> dict[str, object]:
         return {r.data.params["seed"]: r for r in runs if int(round(r.data.metrics.get("train/tokens", 0))) == tokens}
@@ -420,8 +420,8 @@ def budget(outputs: Path, out: Path, jobs: int) -> None:
     sweep's comparison report (whose "Budget and seeds" section fits and designs with ccexp's own code)."""
     from mlflow import MlflowClient
 
-    from ccexp.tracking.budget import fit_line
-    from ccexp.tracking.report import by_arm, collect, write_report
+    from ccexp.compare.budget import fit_line
+    from ccexp.compare.report import by_arm, collect, write_report
 
     sweep_dir = outputs / "multirun" / "budget"
     if len(finished_jobs(sweep_dir)) < 36:  # 6 seeds x 3 budgets x 2 samplers
@@ -466,7 +466,7 @@ def budget(outputs: Path, out: Path, jobs: int) -> None:
            "![noise and seeds needed against budget](budget.png)", "",
            "The sweep's own report ([report.md](report.md), [report.html](report.html)) compares the samplers at "
            "the largest budget and, in its section \"Budget and seeds\", fits the same runs with ccexp's "
-           "`ccexp.tracking.budget` and names the cheapest design and the command that runs it in the same sweep "
+           "`ccexp.compare.budget` and names the cheapest design and the command that runs it in the same sweep "
            "folder; that section is copied here:", ""]
     text = (out / "report.md").read_text()
     section = text[text.index("## Budget and seeds"):]
@@ -488,7 +488,7 @@ def budget_plot(rows: list[dict], noise, path: Path, commits: list[str], target:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    from ccexp.tracking.stats import seeds_for_half_width
+    from ccexp.compare.stats import seeds_for_half_width
 
     tokens = np.array([r["tokens"] for r in rows], dtype=float)
     far = np.geomspace(tokens[0], tokens[-1] * 4, 50)

@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     from mlflow import MlflowClient
 
-    from ccexp.tracking.report import latest_sweep
+    from ccexp.compare.report import latest_sweep
     from ccexp.ui import compare_view, default_host, run_address, serve, url_host, view_address
 
     args.out.mkdir(parents=True, exist_ok=True)

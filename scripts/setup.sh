@@ -12,7 +12,7 @@ VPY=.venv/bin/python
 # pip on some machines prints one "Location ... is ignored" line per package for a local index:
 # noise, not errors; keep everything else.
 quiet_pip() { "$VPY" -m pip install --quiet "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
-if ! "$VPY" -c "import ccexp, torch, faiss, lm_eval, mlflow, hypothesis" >/dev/null 2>&1 \
+if ! "$VPY" -c "import ccexp, torch, faiss, lm_eval, mlflow, hypothesis, xdist" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.ccexp-installed ]; then
   echo "setup: installing ccexp and its dependencies into .venv (the first time takes minutes and about 3 GB: README.md)..."
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

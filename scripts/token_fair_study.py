@@ -95,7 +95,7 @@ def main() -> None:
 
     from mlflow import MlflowClient
 
-    from ccexp.tracking.report import latest_sweep, write_report
+    from ccexp.compare.report import latest_sweep, write_report
 
     client = MlflowClient(f"sqlite:///{(args.outputs / 'mlflow.db').resolve()}")
     parent = latest_sweep(client, EXPERIMENT)

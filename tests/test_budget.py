@@ -10,9 +10,9 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from ccexp.tracking.budget import fit_line, study
-from ccexp.tracking.report import write_report
-from ccexp.tracking.stats import seeds_for_half_width
+from ccexp.compare.budget import fit_line, study
+from ccexp.compare.report import write_report
+from ccexp.compare.stats import seeds_for_half_width
 
 BUDGETS = (100_000, 200_000, 400_000, 800_000, 1_600_000, 3_200_000)  # tokens per run; 1,000 tokens a step
 RATE, OUTSIDE = 10_000.0, 30.0  # training tokens/s and seconds outside training, as every run measured them
@@ -76,12 +76,12 @@ def test_the_report_recovers_the_noise_exponent_and_names_the_cheapest_design(tm
     section = md.split("## Budget and seeds")[1].split("\n## ")[0]
     assert f"| {cheapest.tokens:,} **(cheapest)** | {cheapest.steps:,} |" in section
     assert f"uniform: b = {fit.slope:+.2f} ± {fit.half:.2f} (95 % CI, 6 budgets)" in section
-    lines = "\n".join(__import__("ccexp.tracking.verdict", fromlist=["x"]).verdict_lines(c, *c.verdict()))
+    lines = "\n".join(__import__("ccexp.compare.verdict", fromlist=["x"]).verdict_lines(c, *c.verdict()))
     assert f"cheapest design for ± 2%: {cheapest.seeds_ci} seeds x {cheapest.tokens:,} tokens" in lines
 
 
 def test_the_cheapest_designs_command_reruns_the_same_sweep_at_its_budget_and_seeds(tmp_path):
-    from ccexp.tracking.budget import design_command
+    from ccexp.compare.budget import design_command
 
     client = store(tmp_path)
     _, c = write_report(client, out_dir=tmp_path / "report")
@@ -130,7 +130,7 @@ def test_the_sweep_cost_comes_from_earlier_runs_of_the_same_model_on_the_same_de
     from types import SimpleNamespace
 
     from ccexp.config import compose
-    from ccexp.tracking.budget import sweep_cost
+    from ccexp.launch.sweep import sweep_cost
     from ccexp.tracking.mlflow_run import flatten
 
     configs = [compose(["debug=tiny", f"train.steps={s}"]) for s in (10, 20)]

@@ -411,7 +411,7 @@ def test_c24_one_configuration_keeps_the_newest_runs_settings_per_arm(tmp_path):
     out; seeds and where a run is recorded are not configuration."""
     from mlflow import MlflowClient
 
-    from ccexp.tracking.report import one_configuration
+    from ccexp.compare.report import one_configuration
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("ccexp")

@@ -60,7 +60,7 @@ def colliding_learning_rates(args: list[str]) -> tuple[str, str, str]:
 def test_c32_two_configurations_of_one_short_name_are_two_configurations(tmp_path):
     """The kind, at every place a run is matched: resume (run.json's full digest), the run record (its MLflow run
     tagged with the digest, a continued run matched on it) and the report (its newest-run-per-configuration)."""
-    from ccexp.tracking.resume import find_resume, release_claims, write_run_json
+    from ccexp.launch.resume import find_resume, release_claims, write_run_json
 
     a = RunIdentity("random-k4-s0-abcd", "abcd" + "1" * 60)
     b = RunIdentity("random-k4-s0-abcd", "abcd" + "2" * 60)
@@ -79,7 +79,7 @@ def test_c32_two_configurations_of_one_short_name_are_two_configurations(tmp_pat
 def test_c32_the_report_keeps_both_configurations_of_one_run_name():
     from types import SimpleNamespace
 
-    from ccexp.tracking.report import configuration_of
+    from ccexp.compare.report import configuration_of
 
     def run(digest, params):
         return SimpleNamespace(data=SimpleNamespace(tags={"config_digest": digest} if digest else {}, params=params),
@@ -105,7 +105,7 @@ def test_c32_a_learning_rate_that_shares_the_run_name_trains_under_a_name_of_its
     client, found = runs(tmp_path / "out")
     assert len(found) == 2 and all(r.info.status == "FINISHED" for r in found)
     assert len({r.info.run_name for r in found}) == 2 and len({r.data.tags["config_digest"] for r in found}) == 2
-    from ccexp.tracking.report import collect
+    from ccexp.compare.report import collect
 
     assert len(collect(client, experiment="ccexp")) == 2  # the report compares both
 
@@ -170,7 +170,7 @@ def test_c35_a_tracking_uri_mlflow_cannot_use_is_one_line_wherever_it_is_given(u
     """The kind, at its one place: every store a command uses is a ``Store`` (a run's, a sweep's, ccexp.report's,
     ccexp.ui's, ccexp.deliver's), which refuses such a URI when it is made."""
     from ccexp.tracking.mlflow_run import run_store
-    from ccexp.tracking.report import cli_store
+    from ccexp.compare.report import cli_store
     from ccexp.tracking.store import Store
 
     with pytest.raises(CcexpError, match=re.escape(f"logger.tracking_uri={uri!r} is not a tracking URI MLflow can use "
@@ -389,7 +389,7 @@ def test_c40_a_json_weights_file_with_a_repeated_cluster_is_refused_before_any_s
 
 # -- c41: a two-step sampler where no prior run happens -----------------------------------------------------------------
 def test_c41_the_plan_of_a_learned_mixture_says_what_it_cannot_do_and_the_sweep_check_skips_it(tmp_path, caplog):
-    from ccexp.tracking.arms import find_duplicates
+    from ccexp.launch.arms import find_duplicates
 
     proc = subprocess.run([sys.executable, "-m", "ccexp.plan", *small(tmp_path, "round4.jsonl", "train.steps=6"),
                            "logger=none", "sampler=doremi_mixture"], capture_output=True, text=True, timeout=300,
@@ -453,7 +453,7 @@ def test_c32_a_weights_file_rewritten_in_place_is_another_configuration(tmp_path
 
 
 def test_c34_a_dead_run_of_another_configuration_is_recorded_killed_by_any_next_command(tmp_path):
-    from ccexp.tracking.resume import find_resume, release_claims, write_run_json
+    from ccexp.launch.resume import find_resume, release_claims, write_run_json
 
     other = tmp_path / "runs" / "d" / "other"
     write_run_json(other, run_name="random-k4-s0-ffff", status="running", config_digest="f" * 64)
@@ -508,7 +508,7 @@ def test_c36_deliver_refuses_a_damaged_store_the_store_itself_and_an_empty_name_
 def test_c37_the_report_of_runs_without_held_out_metrics_and_the_ui_hint_are_one_line(tmp_path):
     from mlflow import MlflowClient
 
-    from ccexp.tracking.report import check_parent, write_report
+    from ccexp.compare.report import check_parent, write_report
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("ccexp-plan")

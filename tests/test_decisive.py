@@ -113,7 +113,7 @@ def fake_run(sampler: str, seed: int, metrics: dict, cluster_fp: str = "c1", dig
 
 
 def comparison(runs, **kw):
-    from ccexp.tracking.report import Comparison
+    from ccexp.compare.report import Comparison
 
     return Comparison.of(runs, title="t", group_by="sampler", baseline="random", require_baseline=False, **kw)
 
@@ -136,7 +136,7 @@ def test_the_report_leads_with_the_verdict_signal_noise_and_seeds_needed():
     assert "| macro ppl (clusters equal) | " in md and "**better** -5." in md
     assert "### Signal, noise and seeds needed" in md and "signal / noise" in md
     r = rows["eval/ppl_macro", "temperature"]
-    from ccexp.tracking.stats import seeds_to_detect
+    from ccexp.compare.stats import seeds_to_detect
 
     assert r.seeds_min_effect == seeds_to_detect(0.02 * r.baseline_mean, r.sd)
     command = c.verdict()[1]  # temperature needs more seeds for 2 %: the command adds them to the same folder

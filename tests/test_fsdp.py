@@ -216,7 +216,7 @@ KILL_SCRIPT = textwrap.dedent("""
 
 
 def test_a_sharded_checkpoint_killed_mid_write_leaves_the_previous_one_whole(tmp_path):
-    from ccexp.tracking.resume import unreadable
+    from ccexp.launch.resume import unreadable
 
     script = tmp_path / "save.py"
     script.write_text(KILL_SCRIPT)

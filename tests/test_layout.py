@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "ccexp"
 GROUND = ("ccexp.sampling", "ccexp.clustering", "ccexp.embedding", "ccexp.data")
 TOP = ("ccexp.pipeline", "ccexp.stages", "ccexp.preflight", "ccexp.build", "ccexp.config", "ccexp.__main__",
-       "ccexp.report", "ccexp.tracking")
+       "ccexp.report", "ccexp.tracking", "ccexp.launch", "ccexp.compare")
 
 
 def modules() -> dict[str, Path]:
@@ -101,6 +101,13 @@ FORBIDDEN = [
     ("ccexp.tracking.mlflow_run", "ccexp.preflight", "the run record asks the components' schemas, not the validator"),
     ("ccexp.preflight", "ccexp.training", "model-source helpers live below training/ (ccexp.model_source)"),
     ("ccexp.training", "ccexp.tracking", "training names its metrics with ccexp.names, not the tracking module"),
+    ("ccexp.training", "ccexp.launch", "training knows nothing of how it was launched"),
+    ("ccexp.training", "ccexp.compare", "training knows nothing of how runs are compared"),
+    *[(part, room, "the statistics, the verdict and the budget study are functions over plain values and run "
+                   "records; reading runs from a store and launching jobs are the report's and launch/'s")
+      for part in ("ccexp.compare.stats", "ccexp.compare.verdict", "ccexp.compare.budget")
+      for room in ("ccexp.tracking", "ccexp.launch")],
+    ("ccexp.tracking", "ccexp.compare", "the trackers record; compare decides"),
     ("ccexp.stages", "ccexp.preflight", "a predicate two modules share is declared on a schema, not in the validator"),
 ]
 
@@ -115,7 +122,7 @@ def test_the_layering_rules_hold(graph, importer, imported, why):
 def test_only_entry_points_call_the_validator(graph):
     """The pre-flight is called by the recipe and the command-line entry points; no component or stage
     imports it for a shared predicate."""
-    entry = {"ccexp.pipeline", "ccexp.plan", "ccexp.__main__", "ccexp.help", "ccexp.tracking.sweep"}
+    entry = {"ccexp.pipeline", "ccexp.plan", "ccexp.__main__", "ccexp.help", "ccexp.launch.sweep"}
     users = {name for name, deps in graph.items() if "ccexp.preflight" in deps}
     assert users <= entry, f"{sorted(users - entry)} import ccexp.preflight"
 

@@ -478,7 +478,7 @@ def test_a_sweep_that_ends_while_the_server_is_away_keeps_its_parent_and_says_ho
     from omegaconf import OmegaConf
 
     from ccexp.tracking.server import FallbackClient
-    from ccexp.tracking.sweep import MlflowSweepCallback
+    from ccexp.launch.sweep import MlflowSweepCallback
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     dead = f"http://127.0.0.1:{free_port()}"

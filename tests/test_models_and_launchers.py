@@ -345,7 +345,7 @@ def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_with_one(tmp_
     import zipfile
 
     from ccexp.names import RunIdentity
-    from ccexp.tracking.resume import find_resume
+    from ccexp.launch.resume import find_resume
 
     name, new = RunIdentity("uniform-k4-s0-abcd", "abcd" + "1" * 60), tmp_path / "runs" / "d" / "new"
     assert find_resume("auto", name, new, tmp_path).checkpoint is None

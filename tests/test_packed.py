@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ccexp.errors import CcexpError
-from ccexp.tracking.packing import Packing, PackedTask
+from ccexp.launch.packing import Packing, PackedTask
 
 
 def test_packing_shares_gpus_round_robin_and_splits_the_cores():

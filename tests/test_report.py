@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ccexp.tracking.report import Comparison
-from ccexp.tracking.verdict import verdict_lines
+from ccexp.compare.report import Comparison
+from ccexp.compare.verdict import verdict_lines
 
 
 def run(sampler: str, seed: int, metrics: dict, digest: str = ""):
@@ -103,7 +103,7 @@ def test_a_curve_still_moving_at_the_end_is_named_from_the_real_store(tmp_path):
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
-    from ccexp.tracking.report import write_report
+    from ccexp.compare.report import write_report
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("ccexp")

@@ -1,7 +1,7 @@
 """Issue 34, item 1: running the same command again. A configuration that finished does nothing (one line, no
 new MLflow run); one that stopped continues from its checkpoint in its own MLflow run; ``train.resume_from=last``
 takes only an unfinished run's checkpoint; ``fresh`` starts over; a run of the configuration still going on
-this machine is refused. The decision table of ``ccexp.tracking.resume.find_resume`` on run folders made here,
+this machine is refused. The decision table of ``ccexp.launch.resume.find_resume`` on run folders made here,
 then the whole story through the CLI (slow)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from ccexp.errors import CcexpError
 from ccexp.names import RunIdentity
-from ccexp.tracking.resume import find_resume, release_claims, write_run_json
+from ccexp.launch.resume import find_resume, release_claims, write_run_json
 
 NAME = "random-k4-s0-abcd"
 DIGEST = "abcd" + "0" * 60

@@ -93,7 +93,7 @@ def test_the_local_cluster_script_says_what_it_needs_and_what_is_not_running(tmp
 
 
 def test_squeue_states_reads_each_job_and_calls_a_forgotten_one_ended(tmp_path, monkeypatch):
-    from ccexp.tracking.launcher import GONE, squeue_states
+    from ccexp.launch.launcher import GONE, squeue_states
 
     fake = tmp_path / "squeue"
     fake.write_text("#!/bin/sh\ncase \"$*\" in *99*) echo 'slurm_load_jobs error: Invalid job id specified' >&2; "
@@ -111,7 +111,7 @@ def test_the_sweep_waits_for_a_slurm_job_when_squeue_does_not_answer(tmp_path, m
 
     from submitit.slurm.slurm import SlurmJob
 
-    from ccexp.tracking.launcher import wait_for_jobs
+    from ccexp.launch.launcher import wait_for_jobs
 
     fake = tmp_path / "squeue"
     fake.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1\n")
@@ -129,7 +129,7 @@ def test_a_job_that_is_not_requeued_says_so_and_exits_without_a_result(capsys, c
     from submitit.core.utils import UncompletedJobError
 
     from ccexp.errors import Interrupted
-    from ccexp.tracking.launcher import end_job
+    from ccexp.launch.launcher import end_job
 
     def submitit_gives_up(signum, frame):
         raise UncompletedJobError("Job not requeued because: timed-out too many times.")
@@ -149,8 +149,8 @@ def test_a_job_that_is_not_requeued_says_so_and_exits_without_a_result(capsys, c
 
 
 def test_a_job_that_ended_without_a_result_is_recorded_and_listed_by_the_sweep(tmp_path):
-    from ccexp.tracking.launcher import record_end
-    from ccexp.tracking.sweep import job_statuses, write_job_status
+    from ccexp.launch.launcher import record_end
+    from ccexp.launch.sweep import job_statuses, write_job_status
 
     sweep = tmp_path / "sweep"
     never = sweep / "random-s0-aaaaaa"  # cancelled while pending: no folder at all
@@ -178,7 +178,7 @@ def test_a_run_left_running_by_a_killed_job_is_closed_at_the_sweeps_end(tmp_path
     from mlflow import MlflowClient
 
     from ccexp.tracking.mlflow_run import ensure_experiment, open_store
-    from ccexp.tracking.sweep import close_left_running
+    from ccexp.launch.sweep import close_left_running
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = open_store(uri)

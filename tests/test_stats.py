@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ccexp.tracking.stats import mean_ci, seeds_for_half_width, seeds_to_detect, signal_and_noise, verdict
+from ccexp.compare.stats import mean_ci, seeds_for_half_width, seeds_to_detect, signal_and_noise, verdict
 
 
 @pytest.mark.parametrize("effect,n", [(1.0, 10), (0.8, 15), (0.5, 34), (0.3, 90), (0.2, 199)])

@@ -51,7 +51,7 @@ class EvalResult:
 
 # the headline figures as MLflow's runs table shows them (rounded copies of eval/<name>; MLflow orders metric columns
 # by name, and these names sort in the order they matter); a sweep adds two paired differences against its baseline
-# (ccexp.tracking.sweep), "macro vs <baseline> pct" and "ppl vs <baseline> pct", each sorting right after its figure
+# (ccexp.launch.sweep), "macro vs <baseline> pct" and "ppl vs <baseline> pct", each sorting right after its figure
 HEADLINE_KEYS = {"ppl_macro": "macro ppl", "ppl": "ppl", "ppl_rare": "rare ppl", "ppl_worst": "worst ppl"}
 DIFFERENCE_KEYS = {"ppl_macro": "macro vs {baseline} pct", "ppl": "ppl vs {baseline} pct"}
 

@@ -1,1 +1,2 @@
-"""Experiment tracking: MLflow setup, run names and logging helpers."""
+"""Experiment tracking: MLflow runs and stores (local, SQLite, a server), and the extra loggers (TensorBoard,
+W&B, CSV)."""

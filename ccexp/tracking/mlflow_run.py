@@ -22,7 +22,7 @@ from ccexp.names import metric_keys, run_identity
 from ccexp.tracking.store import ensure_experiment, open_store  # noqa: F401  (the store helpers, as before)
 
 log = logging.getLogger("ccexp")
-PARENT_ENV = "CCEXP_PARENT_RUN_ID"  # set by a sweep's parent run (ccexp.tracking.sweep) for its jobs
+PARENT_ENV = "CCEXP_PARENT_RUN_ID"  # set by a sweep's parent run (ccexp.launch.sweep) for its jobs
 
 
 def tracking_uri(uri: str | None, outputs: Path) -> str:
@@ -110,10 +110,10 @@ class RunRecord:
     Args:
         cfg: the run's config; outputs: the absolute ``paths.outputs``; run_dir: the run's folder;
             tags: run tags besides the sampler, model, data, recipe and run folder; resume: what
-            [`ccexp.tracking.resume.find_resume`][ccexp.tracking.resume.find_resume] decided: the run's identity (its
+            [`ccexp.launch.resume.find_resume`][ccexp.launch.resume.find_resume] decided: the run's identity (its
             name and full config digest, tagged ``config_digest``), the MLflow run of the checkpoint being resumed
             (continued), and the dead earlier runs whose MLflow runs are ended
-            ([`ccexp.tracking.resume.end_dead_runs`][ccexp.tracking.resume.end_dead_runs]).
+            ([`ccexp.launch.resume.end_dead_runs`][ccexp.launch.resume.end_dead_runs]).
     """
 
     def __init__(self, cfg: DictConfig, outputs: Path, run_dir: Path | None = None, tags: dict[str, str] | None = None,
@@ -146,7 +146,7 @@ class RunRecord:
             self.logger = MLFlowLogger(experiment_name=cfg.logger.experiment, tracking_uri=self.uri, log_model=False)
             return
         if resume is not None and resume.dead:
-            from ccexp.tracking.resume import end_dead_runs
+            from ccexp.launch.resume import end_dead_runs
 
             end_dead_runs(self.client, resume.dead)
         tags = {"sampler": cfg.sampler.name, "model": cfg.model.name, "data": cfg.data.name, "config_digest": self.digest,
@@ -232,7 +232,7 @@ class RunRecord:
             log.info("mlflow: run %r (%s) in %s%s", self.name, run_id, self.uri,
                      ", continued from where it was interrupted" if self.continued is not None else "")
         if self.run_dir is not None and self.rank_zero:
-            from ccexp.tracking.resume import write_run_json
+            from ccexp.launch.resume import write_run_json
 
             write_run_json(self.run_dir, run_name=self.name, mlflow_run_id=run_id, slurm_job_id=slurm_job_id(),
                            status="running", steps=int(self.cfg.train.steps), config_digest=self.digest)
@@ -241,7 +241,7 @@ class RunRecord:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and self.run_dir is not None and self.rank_zero:
             from ccexp.errors import Interrupted, StoppedEarly
-            from ccexp.tracking.resume import write_run_json
+            from ccexp.launch.resume import write_run_json
 
             stopped = issubclass(exc_type, (Interrupted, SystemExit, StoppedEarly))
             step = getattr(exc, "step", None)
@@ -277,7 +277,7 @@ class RunRecord:
         self.client.close()
         server_id = self.client.server_run_id(self.logger.run_id)
         if self.run_dir is not None and server_id not in (None, self.logger.run_id):
-            from ccexp.tracking.resume import write_run_json
+            from ccexp.launch.resume import write_run_json
 
             write_run_json(self.run_dir, run_name=self.name, mlflow_run_id=server_id)
 
@@ -361,13 +361,13 @@ class RunRecord:
     def finish(self, tags: dict[str, str] | None = None, step: int | None = None,
                metrics: dict[str, float] | None = None, fingerprints: dict[str, str] | None = None) -> None:
         """Set ``tags`` on the run and mark it FINISHED; its ``run.json`` says ``finished`` at ``step`` with those
-        of ``metrics`` named in [`RUN_JSON_METRICS`][ccexp.tracking.resume.RUN_JSON_METRICS] (what a later run of
+        of ``metrics`` named in [`RUN_JSON_METRICS`][ccexp.launch.resume.RUN_JSON_METRICS] (what a later run of
         the same configuration reports instead of training again) and the stages' ``fingerprints`` (a later run
         on another corpus is not this one)."""
         for key, value in (tags or {}).items():
             self.set_tag(key, value)
         if self.run_dir is not None and self.rank_zero:
-            from ccexp.tracking.resume import RUN_JSON_METRICS, write_run_json
+            from ccexp.launch.resume import RUN_JSON_METRICS, write_run_json
 
             write_run_json(self.run_dir, status="finished", **({"step": int(step)} if step is not None else {}),
                            metrics={k: float(v) for k, v in (metrics or {}).items() if k in RUN_JSON_METRICS},

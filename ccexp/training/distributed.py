@@ -230,7 +230,7 @@ class FSDPStrategy(LightningFSDPStrategy):
         ``filepath``; once torch.distributed.checkpoint has every shard and ``.metadata`` and rank 0 has written
         ``meta.pt``, rank 0 moves the previous checkpoint aside, renames the new one into place and deletes the old
         one. A kill while shards are written leaves the previous checkpoint whole and a temporary folder that
-        [`ccexp.tracking.resume`][ccexp.tracking.resume] never reads."""
+        [`ccexp.launch.resume`][ccexp.launch.resume] never reads."""
         if self._state_dict_type != "sharded":
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         final = Path(self.broadcast(str(filepath)))

@@ -1,12 +1,12 @@
 """``hydra/launcher=slurm`` and ``hydra/launcher=local``: hydra-submitit-launcher's launchers whose sweep
-waits for every job's end, however it ends ([`ccexp.tracking.launcher.EveryJobEnds`][ccexp.tracking.launcher.EveryJobEnds]);
+waits for every job's end, however it ends ([`ccexp.launch.launcher.EveryJobEnds`][ccexp.launch.launcher.EveryJobEnds]);
 ``hydra/launcher=packed``: several runs at once on each GPU, or on a machine without one (hydra-joblib-launcher)."""
 from typing import Any
 
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
-from ccexp.tracking.launcher import EveryJobEnds
+from ccexp.launch.launcher import EveryJobEnds
 
 
 class SlurmLauncher(EveryJobEnds, submitit_launcher.SlurmLauncher):
@@ -19,7 +19,7 @@ class LocalLauncher(EveryJobEnds, submitit_launcher.LocalLauncher):
 
 class PackedLauncher(JoblibLauncher):
     """``hydra/launcher=packed``: ``runs_per_device`` jobs at once on each visible GPU, or on this machine
-    without one, each with its share of the cores ([`ccexp.tracking.launcher.Packing`][ccexp.tracking.packing.Packing]), in hydra-joblib-launcher's
+    without one, each with its share of the cores ([`ccexp.launch.launcher.Packing`][ccexp.launch.packing.Packing]), in hydra-joblib-launcher's
     worker processes."""
 
     def __init__(self, runs_per_device: int = 2, **joblib: Any) -> None:
@@ -31,7 +31,7 @@ class PackedLauncher(JoblibLauncher):
         import os
 
         from ccexp.errors import CcexpError, Refused
-        from ccexp.tracking.packing import Packing, PackedTask
+        from ccexp.launch.packing import Packing, PackedTask
 
         try:
             packing = Packing(self.runs_per_device, visible_gpus(), os.cpu_count() or 1)

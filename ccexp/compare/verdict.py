@@ -2,9 +2,9 @@
 against the baseline (the paired difference and its 95 % confidence interval), the signal and noise
 of each metric, how many seeds would decide it, and the command that adds them to the same sweep.
 
-[`verdict_rows`][ccexp.tracking.verdict.verdict_rows] computes it from a `Comparison`;
-[`verdict_markdown`][ccexp.tracking.verdict.verdict_markdown] is the report's first section and [`verdict_lines`][ccexp.tracking.verdict.verdict_lines] the few lines a sweep
-prints when it ends. The statistics are [`ccexp.tracking.stats`][ccexp.tracking.stats].
+[`verdict_rows`][ccexp.compare.verdict.verdict_rows] computes it from a `Comparison`;
+[`verdict_markdown`][ccexp.compare.verdict.verdict_markdown] is the report's first section and [`verdict_lines`][ccexp.compare.verdict.verdict_lines] the few lines a sweep
+prints when it ends. The statistics are [`ccexp.compare.stats`][ccexp.compare.stats].
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ccexp.tracking.stats import (MAX_SEEDS, sample_sd, seeds_for_half_width, seeds_to_detect, signal_and_noise,
+from ccexp.compare.stats import (MAX_SEEDS, sample_sd, seeds_for_half_width, seeds_to_detect, signal_and_noise,
                                   verdict)
 
 # the metrics a verdict is given for, in this order (then every per-label perplexity), with their names
@@ -62,7 +62,7 @@ def verdict_metrics(metrics: list[str]) -> list[str]:
 
 
 def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> list[Row]:
-    """Every (metric, sampler) of [`verdict_metrics`][ccexp.tracking.verdict.verdict_metrics] with a paired difference against the baseline."""
+    """Every (metric, sampler) of [`verdict_metrics`][ccexp.compare.verdict.verdict_metrics] with a paired difference against the baseline."""
     rows = []
     for m in verdict_metrics(comparison.metrics):
         for g, d in comparison.paired.get(m, {}).items():
@@ -94,7 +94,7 @@ def not_scored(comparison) -> list[str]:
 
 def moving_note(comparison) -> list[str]:
     """A paragraph when held-out perplexity was still moving at the end of training
-    (`ccexp.tracking.report.still_moving`): the verdict is of where training stopped."""
+    (`ccexp.compare.report.still_moving`): the verdict is of where training stopped."""
     moving = getattr(comparison, "moving", {})
     if not moving:
         return []
@@ -248,7 +248,7 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
     elif command and not designed:  # with budgets, the budget lines' design is the next step
         out.append(f"  add the seeds that detect {comparison.min_effect:.0%} (report.min_effect): {command}")
     if getattr(comparison, "budgets", None) is not None:
-        from ccexp.tracking.budget import budget_lines
+        from ccexp.compare.budget import budget_lines
 
         out += budget_lines(comparison.budgets, comparison.budget_command())
     return out

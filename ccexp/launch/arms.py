@@ -8,8 +8,8 @@ same digest: they would train the same model on the same tokens. ClusterClip who
 at the budget is the common case: its stream is uniform's. A policy that follows the training loss
 (``needs_feedback``: ODM, DoReMi) cannot be planned and is never called a duplicate.
 
-[`find_duplicates`][ccexp.tracking.arms.find_duplicates] is called by the sweep callback when the multirun starts
-([`MlflowSweepCallback`][ccexp.tracking.sweep.MlflowSweepCallback]); it writes ``duplicates.json`` into the sweep
+[`find_duplicates`][ccexp.launch.arms.find_duplicates] is called by the sweep callback when the multirun starts
+([`MlflowSweepCallback`][ccexp.launch.sweep.MlflowSweepCallback]); it writes ``duplicates.json`` into the sweep
 folder, and a job listed there is skipped (``report.skip_duplicates``) by the entry point.
 """
 from __future__ import annotations

@@ -2,24 +2,24 @@
 is always closed, duplicate arms skipped before training, a comparison report with its verdict, and
 a summary of the jobs that did not finish.
 
-[`MlflowSweepCallback`][ccexp.tracking.sweep.MlflowSweepCallback] is a Hydra callback (``hydra.callbacks`` in ``ccexp/conf/config.yaml``).
+[`MlflowSweepCallback`][ccexp.launch.sweep.MlflowSweepCallback] is a Hydra callback (``hydra.callbacks`` in ``ccexp/conf/config.yaml``).
 When a multirun starts it refuses, in one line and before any job, a Lightning strategy that would
 re-launch the script (the children would re-run the whole sweep); then it plans every job's token
 stream and records the jobs that would train on the identical stream as an earlier job
-([`ccexp.tracking.arms`][ccexp.tracking.arms]; the entry point skips them), and creates one MLflow run for the sweep —
+([`ccexp.launch.arms`][ccexp.launch.arms]; the entry point skips them), and creates one MLflow run for the sweep —
 or reopens the one recorded in the folder's ``sweep.json`` when the sweep is launched again into the
 same ``hydra.sweep.dir`` — exporting its id as ``CCEXP_PARENT_RUN_ID``; every job's run carries the
 ``mlflow.parentRunId`` tag, which the MLflow UI uses to nest the jobs under the sweep.
 
-Every job writes ``status.json`` into its folder ([`write_job_status`][ccexp.tracking.sweep.write_job_status]), with its overrides:
+Every job writes ``status.json`` into its folder ([`write_job_status`][ccexp.launch.sweep.write_job_status]), with its overrides:
 FINISHED, SKIPPED (a duplicate arm), or FAILED / KILLED with its one error line — a failing job does
 not stop the sweep (the entry point turns its error into a status instead of an exception). Job
 folders are named by what sets the job apart (``<sampler>-s<seed>-<hash of its overrides>``), so a
 job launched again into the same sweep folder finds its own: a FINISHED job is kept, not retrained
-([`finished_before`][ccexp.tracking.sweep.finished_before]), a failed one runs again. When the multirun ends the callback reads the job
+([`finished_before`][ccexp.launch.sweep.finished_before]), a failed one runs again. When the multirun ends the callback reads the job
 folders, writes the comparison report of the finished jobs into the sweep folder (logged on the
 parent), prints its verdict, closes the parent FINISHED or FAILED, and leaves the failures in
-[`LAST_SWEEP_FAILURES`][ccexp.tracking.sweep.LAST_SWEEP_FAILURES] for the entry point to print and exit non-zero. The status files work
+[`LAST_SWEEP_FAILURES`][ccexp.launch.sweep.LAST_SWEEP_FAILURES] for the entry point to print and exit non-zero. The status files work
 for any launcher (in-process, joblib, Slurm), since they live on the file system.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def write_job_status(job_dir: Path, status: str, message: str = "", overrides: l
 def finished_before(job_dir: Path, overrides: list[str]) -> bool:
     """True when ``job_dir`` holds the FINISHED status of a job with the same ``overrides``: an earlier launch
     of this sweep trained it, so it is kept, not retrained."""
-    from ccexp.tracking.arms import same_job
+    from ccexp.launch.arms import same_job
 
     path = job_dir / STATUS_FILE
     if not path.is_file():
@@ -127,7 +127,7 @@ class MlflowSweepCallback(Callback):
 
         os.environ["CCEXP_SWEEP_ID"] = sweep_id()  # jobs in other processes (submitit) share the sweep folder
         sweep_dir = Path(config.hydra.sweep.dir)
-        from ccexp.tracking.arms import check_arms
+        from ccexp.launch.arms import check_arms
 
         try:
             duplicates = check_arms(config, sweep_dir)  # before any training: jobs with identical streams
@@ -147,12 +147,11 @@ class MlflowSweepCallback(Callback):
         os.environ[PARENT_ENV] = self.parent_id
 
     def _cost(self, config: DictConfig, duplicates: list[dict]) -> str | None:
-        """The sweep's cost before it starts ([`sweep_cost`][ccexp.tracking.budget.sweep_cost]), from the
+        """The sweep's cost before it starts ([`sweep_cost`][ccexp.launch.sweep.sweep_cost]), from the
         store's earlier runs of the same model; None for a sweeper whose jobs are not known in advance."""
         from hydra import compose
 
-        from ccexp.tracking.arms import job_overrides
-        from ccexp.tracking.budget import sweep_cost
+        from ccexp.launch.arms import job_overrides
 
         jobs = job_overrides(config)
         if jobs is None:
@@ -237,10 +236,10 @@ class MlflowSweepCallback(Callback):
             _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
 
     def _report(self, out: Path, options: DictConfig, unfinished: list[str] = ()) -> None:
-        from ccexp.tracking.report import (headline_differences, parent_description, sampler_chart, sampler_summary,
+        from ccexp.compare.report import (headline_differences, parent_description, sampler_chart, sampler_summary,
                                            write_report)
         from ccexp.tracking.server import FallbackClient, unreachable
-        from ccexp.tracking.verdict import verdict_lines
+        from ccexp.compare.verdict import verdict_lines
 
         try:  # the report reads the jobs' runs from the store
             files, comparison = write_report(self.client, parent_run_id=self.parent_id, out_dir=out,
@@ -298,7 +297,7 @@ def check_launcher(config: DictConfig) -> None:
 
     target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
     if target.endswith("PackedLauncher"):  # its setting, before any stage is computed for the stream plans
-        from ccexp.tracking.packing import Packing
+        from ccexp.launch.packing import Packing
 
         try:
             Packing(OmegaConf.select(config, "hydra.launcher.runs_per_device", default=2), 0, 1)
@@ -340,3 +339,34 @@ def close_active_sweep(status: str) -> None:
     """Close the running sweep's parent run (an interrupt or a crash of the sweep itself)."""
     if _ACTIVE is not None:
         _ACTIVE.close(status)
+
+
+def sweep_cost(configs: list, earlier: list) -> str:
+    """One line: what the sweep about to run costs, before any job starts. ``configs``: each job's composed
+    config (skipped duplicates left out); ``earlier``: finished MLflow runs of this store, of which those with the
+    jobs' model and accelerator give the throughput (the median ``train/tokens_per_s`` and time outside training).
+    A job whose budget is ``train.passes`` is counted once its corpus is tokenized, so not here."""
+    from ccexp.compare.budget import throughput
+    from ccexp.tracking.mlflow_run import flatten
+
+    sized = [c for c in configs if c.train.passes is None]
+    tokens = sum(int(c.train.steps) * int(c.train.tokens_per_step) for c in sized)
+    head = f"sweep: {len(configs)} job(s), {tokens / 1e6:,.2f} M training tokens" + (
+        f" in the {len(sized)} with train.steps (train.passes sets the others' once the corpus is tokenized)"
+        if len(sized) < len(configs) else "")
+    if not sized:
+        return (f"sweep: {len(configs)} job(s); their budget is train.passes, which sets the steps once the corpus is "
+                "tokenized: each job's train: line gives its tokens")
+    model = {f"model.{k}": v for k, v in flatten(sized[0].model).items()}
+    device = str(sized[0].trainer.accelerator)
+    like = [r for r in earlier if all(r.data.params.get(k) == v for k, v in model.items())
+            and r.data.params.get("trainer.accelerator") == device]
+    rate, extra = throughput(like)
+    if not like or rate != rate:
+        return head + ("; no earlier run of this model on this device in the store to take a speed from (the first "
+                       "job's `done:` line gives it)")
+    hours = sum(int(c.train.steps) * int(c.train.tokens_per_step) / rate + extra for c in sized) / 3600
+    unit = "GPU" if device in ("gpu", "cuda") else "CPU"
+    return head + (f"; at {rate:,.0f} tokens/s and {extra:.0f} s outside training per run (the median of "
+                   f"{len(like)} earlier run(s) of this model here): about {hours:,.2f} {unit}-hours, one job after "
+                   "another")

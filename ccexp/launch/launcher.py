@@ -6,16 +6,16 @@ The sweep's side. hydra-submitit-launcher waits for each job's result file, so a
 one — cancelled (``scancel``), stopped at its time limit, on a node that failed, out of memory — raises
 in the sweep, which then ends without its summary and report; and where Slurm keeps no accounting
 (``sacct`` does not answer, as on ``scripts/slurm_local.sh``'s cluster) such a job is never seen to end.
-[`EveryJobEnds`][ccexp.tracking.launcher.EveryJobEnds] (the launchers of ``hydra_plugins/ccexp_launcher``) follows the Slurm jobs with
+[`EveryJobEnds`][ccexp.launch.launcher.EveryJobEnds] (the launchers of ``hydra_plugins/ccexp_launcher``) follows the Slurm jobs with
 ``squeue`` instead — a requeued job is waited for, and said to be —, gives every job a result, and
-records the end of a job that left no status of its own ([`record_end`][ccexp.tracking.launcher.record_end]: ``status.json`` KILLED
+records the end of a job that left no status of its own ([`record_end`][ccexp.launch.launcher.record_end]: ``status.json`` KILLED
 for a cancelled or timed-out job, FAILED otherwise, with its Slurm state and log), so the sweep's
-callback ([`ccexp.tracking.sweep`][ccexp.tracking.sweep]) summarises, reports and closes the parent run as for any sweep.
+callback ([`ccexp.launch.sweep`][ccexp.launch.sweep]) summarises, reports and closes the parent run as for any sweep.
 
 The job's side. In a job of these launchers ccexp's entry point is called by submitit, not by
-[`ccexp.__main__.cli`][ccexp.__main__.cli]: [`catch_signals`][ccexp.tracking.launcher.catch_signals] makes SIGTERM and SIGINT stop the run with
+[`ccexp.__main__.cli`][ccexp.__main__.cli]: [`catch_signals`][ccexp.launch.launcher.catch_signals] makes SIGTERM and SIGINT stop the run with
 [`Interrupted`][ccexp.errors.Interrupted] (submitit would ignore SIGTERM until Slurm's SIGKILL), and
-[`end_job`][ccexp.tracking.launcher.end_job] ends a stopped job: one ``ccexp:`` line, the signal handed on to submitit where it
+[`end_job`][ccexp.launch.launcher.end_job] ends a stopped job: one ``ccexp:`` line, the signal handed on to submitit where it
 listened for it (SIGUSR2: it requeues the job) and exit status ``128 + signal`` without a result file,
 so the sweep waits for the requeued job, or sees in Slurm how the job ended.
 """
@@ -42,7 +42,7 @@ GONE = "ENDED"  # no longer known to squeue (Slurm forgets a job MinJobAge secon
 
 def squeue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
     """Each job's Slurm state (``PENDING``, ``RUNNING``, ``CANCELLED``, ...; array tasks one by one), or
-    [`GONE`][ccexp.tracking.launcher.GONE] for a job squeue no longer knows; None when squeue does not answer."""
+    [`GONE`][ccexp.launch.launcher.GONE] for a job squeue no longer knows; None when squeue does not answer."""
     try:
         proc = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--format=%i %T",
                                "--jobs=" + ",".join(job_ids)], capture_output=True, text=True, timeout=60)
@@ -102,7 +102,7 @@ def record_end(job_dir: Path, overrides: list[str], job_id: str, state: str, why
     state after it; a job that left no status (it never started, or was killed hard) gets KILLED when
     Slurm stopped it (``scancel``, its time limit, a preemption), else FAILED, with the state and its log.
     Hydra's ``.hydra/overrides.yaml`` is written for a job that never started, so the sweep lists it."""
-    from ccexp.tracking.sweep import STATUS_FILE, write_job_status
+    from ccexp.launch.sweep import STATUS_FILE, write_job_status
 
     path = job_dir / STATUS_FILE
     old = json.loads(path.read_text()) if path.is_file() else {}
@@ -149,7 +149,7 @@ def submit(executor, function, params: list[tuple]) -> list:
 
 
 class EveryJobEnds:
-    """hydra-submitit-launcher's ``launch`` (1.2), waiting for every job's end with [`wait_for_jobs`][ccexp.tracking.launcher.wait_for_jobs]
+    """hydra-submitit-launcher's ``launch`` (1.2), waiting for every job's end with [`wait_for_jobs`][ccexp.launch.launcher.wait_for_jobs]
     and returning a result for every job (see the module docstring); mixed into its launchers by
     ``hydra_plugins/ccexp_launcher``."""
 
@@ -185,7 +185,7 @@ class EveryJobEnds:
 
     def _job_return(self, job, overrides: list[str], state: str):
         """The job's own result; for a job without one (or whose entry point raised), its end recorded
-        ([`record_end`][ccexp.tracking.launcher.record_end]) and a result Hydra's sweeper accepts, so the sweep goes on to its end."""
+        ([`record_end`][ccexp.launch.launcher.record_end]) and a result Hydra's sweeper accepts, so the sweep goes on to its end."""
         from hydra.core.utils import JobReturn, JobStatus
 
         why = ""

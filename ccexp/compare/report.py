@@ -2,7 +2,7 @@
 
 Reads the runs of a sweep (the children of an MLflow parent run; by default the latest sweep) or of
 a whole experiment from the MLflow store, groups them by sampler and leads with the **verdict**
-([`ccexp.tracking.verdict`][ccexp.tracking.verdict]): against a baseline sampler (``--baseline``, default ``random`` when
+([`ccexp.compare.verdict`][ccexp.compare.verdict]): against a baseline sampler (``--baseline``, default ``random`` when
 present), every other sampler's *paired* difference on each headline metric, run by run with the
 same seed, with its 95 % confidence interval (Student's t over the pairs) and the word it earns —
 better, worse or unresolved — then signal and noise, the seeds a decision needs, and the command
@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from ccexp.errors import CcexpError
-from ccexp.tracking.budget import BUDGET_KEYS
-from ccexp.tracking.stats import mean_ci
+from ccexp.compare.budget import BUDGET_KEYS
+from ccexp.compare.stats import mean_ci
 
 HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common", "eval/bpb",
             "eval/bpb_macro"]
@@ -204,12 +204,12 @@ class Comparison:
     unfinished: list[str] = field(default_factory=list)  # "#<job> (<overrides>): <status>: <line>" of the sweep
     left_out: list[str] = field(default_factory=list)  # the note on runs of other settings, when there were some
     moving: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # still_moving's, per group
-    budgets: object = None  # the sweep's budgets (ccexp.tracking.budget.BudgetStudy): None until write_report
+    budgets: object = None  # the sweep's budgets (ccexp.compare.budget.BudgetStudy): None until write_report
 
     def budget_command(self) -> str | None:
         """The command that runs the cheapest design of ``budgets`` in the same sweep folder (None: none)."""
-        from ccexp.tracking.budget import design_command
-        from ccexp.tracking.verdict import python_command
+        from ccexp.compare.budget import design_command
+        from ccexp.compare.verdict import python_command
 
         return None if self.budgets is None else design_command(self.budgets, self.sweep_dir, self.task_overrides,
                                                                  python_command())
@@ -279,9 +279,9 @@ class Comparison:
         return f"{d['mean']:+.4g}{ci}{' *' if d['significant'] else ''} (n={d['n']})"
 
     def verdict(self):
-        """(rows, extension command): [`ccexp.tracking.verdict.verdict_rows`][ccexp.tracking.verdict.verdict_rows] and, for a sweep whose
+        """(rows, extension command): [`ccexp.compare.verdict.verdict_rows`][ccexp.compare.verdict.verdict_rows] and, for a sweep whose
         primary metric needs more seeds, the command that adds them."""
-        from ccexp.tracking.verdict import extend_command, seeds_wanted, verdict_rows
+        from ccexp.compare.verdict import extend_command, seeds_wanted, verdict_rows
 
         rows = verdict_rows(self, self.min_effect, self.power)
         seeds = sorted({s for g in self.groups for s in self.seeds(g)})
@@ -291,7 +291,7 @@ class Comparison:
         return rows, extend_command(self.sweep_dir, self.task_overrides, seeds, wanted)
 
     def markdown(self) -> str:
-        from ccexp.tracking.verdict import verdict_markdown
+        from ccexp.compare.verdict import verdict_markdown
 
         names = list(self.groups)
         several = any(len(self.seeds(g)) >= 2 for g in names)
@@ -300,7 +300,7 @@ class Comparison:
         rows, command = self.verdict()
         md = [f"# {self.title}", "", *verdict_markdown(self, rows, self.min_effect, self.power, command)]
         if self.budgets is not None and self.budgets.points:  # two seeds or more: how the noise goes with budget
-            from ccexp.tracking.budget import budget_markdown
+            from ccexp.compare.budget import budget_markdown
 
             md += budget_markdown(self.budgets, self.budget_command())
         for note in self.notes:
@@ -567,12 +567,12 @@ def by_arm(runs: list, group_by: str) -> dict[str, list]:
 
 
 def budget_study(runs: list, group_by: str, baseline: str, min_effect: float, power: float):
-    """[`ccexp.tracking.budget.study`][ccexp.tracking.budget.study] of the runs of one configuration apart from
+    """[`ccexp.compare.budget.study`][ccexp.compare.budget.study] of the runs of one configuration apart from
     their seeds and their budget (``train.steps``, ``train.passes``), on the primary metric; and
-    [`one_configuration`][ccexp.tracking.report.one_configuration]'s note on runs of other settings than budget
+    [`one_configuration`][ccexp.compare.report.one_configuration]'s note on runs of other settings than budget
     ([] when the runs differ in nothing else)."""
-    from ccexp.tracking.budget import study
-    from ccexp.tracking.verdict import HEADLINE_NAMES, PRIMARY
+    from ccexp.compare.budget import study
+    from ccexp.compare.verdict import HEADLINE_NAMES, PRIMARY
 
     same, other_settings = one_configuration(runs, group_by, ignore=BUDGET_KEYS)
     metric = PRIMARY if any(PRIMARY in r.data.metrics for r in same) else "eval/ppl"
@@ -604,7 +604,7 @@ def still_moving(histories: dict, min_change: float, metric: str = "curve/ppl_ma
     holds where training stopped, not beyond it. The earlier point is the curve's last at or before
     ``1 - MOVING_TAIL`` of the tokens; groups whose curve has none within ``2 * MOVING_TAIL`` of the end (a
     coarse ``eval.every_n_steps``) are left out."""
-    from ccexp.tracking.verdict import MOVING_TAIL
+    from ccexp.compare.verdict import MOVING_TAIL
 
     out = {}
     for g in dict.fromkeys(k[0] for k in histories):
@@ -623,7 +623,7 @@ def still_moving(histories: dict, min_change: float, metric: str = "curve/ppl_ma
 
 def curves_plot(histories: dict, groups: dict[str, list], path: Path, title: str) -> Path | None:
     """The held-out curves (``curve/ppl``, ``curve/ppl_macro``, ``curve/ppl_worst`` against tokens trained,
-    from [`curve_histories`][ccexp.tracking.report.curve_histories]), one line per group — the mean over its
+    from [`curve_histories`][ccexp.compare.report.curve_histories]), one line per group — the mean over its
     runs, with the min-max band — or None when no run has a curve."""
     import matplotlib
 
@@ -744,7 +744,7 @@ def sampler_chart(path: Path, comparison: "Comparison", metric: str = "eval/ppl_
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ccexp.tracking.verdict import HEADLINE_NAMES
+    from ccexp.compare.verdict import HEADLINE_NAMES
 
     if metric not in comparison.table:
         return None
@@ -781,7 +781,7 @@ def sampler_chart(path: Path, comparison: "Comparison", metric: str = "eval/ppl_
 
 
 def store_uri(store: str | None, tracking_uri: str | None = None) -> str:
-    """The MLflow tracking URI a viewer reads ([`cli_store`][ccexp.tracking.report.cli_store])."""
+    """The MLflow tracking URI a viewer reads ([`cli_store`][ccexp.compare.report.cli_store])."""
     return cli_store(store, tracking_uri).uri
 
 
@@ -858,7 +858,7 @@ def main(argv: list[str] | None = None) -> None:
         files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
                                          baseline=args.baseline or "random", require_baseline=args.baseline is not None,
                                          min_effect=args.min_effect, power=args.power)
-        from ccexp.tracking.verdict import verdict_lines
+        from ccexp.compare.verdict import verdict_lines
 
         print("\n".join(verdict_lines(comparison, *comparison.verdict())))
         for note in comparison.left_out:

@@ -14,8 +14,8 @@ other budgets:
   doubling, so it never passes −100 %), fitted the same way.
 
 At each budget (the measured ones, and twice and four times the largest, marked as extrapolated) the design
-is the paired seeds for a 95 % CI of ± ``min_effect`` ([`seeds_for_half_width`][ccexp.tracking.stats.seeds_for_half_width]) and for
-``power`` to detect the fitted effect ([`seeds_to_detect`][ccexp.tracking.stats.seeds_to_detect]), the largest over the samplers; its
+is the paired seeds for a 95 % CI of ± ``min_effect`` ([`seeds_for_half_width`][ccexp.compare.stats.seeds_for_half_width]) and for
+``power`` to detect the fitted effect ([`seeds_to_detect`][ccexp.compare.stats.seeds_to_detect]), the largest over the samplers; its
 cost is seeds × samplers runs of B tokens at the throughput the sweep measured (each run's
 ``train/tokens_per_s``, plus its measured time outside training). The cheapest design is the one whose CI
 runs cost least.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ccexp.tracking.stats import MAX_SEEDS, sample_sd, seeds_for_half_width, seeds_to_detect
+from ccexp.compare.stats import MAX_SEEDS, sample_sd, seeds_for_half_width, seeds_to_detect
 
 BUDGET_KEYS = ("train.steps", "train.passes")  # the settings a budget sweep varies
 EXTRAPOLATE = (2, 4)  # beyond the largest measured budget, by these factors (marked as extrapolated)
@@ -308,33 +308,3 @@ def budget_lines(s: BudgetStudy, command: str | None) -> list[str]:
     if command:
         out.append(f"  run it: {command}")
     return out
-
-
-def sweep_cost(configs: list, earlier: list) -> str:
-    """One line: what the sweep about to run costs, before any job starts. ``configs``: each job's composed
-    config (skipped duplicates left out); ``earlier``: finished MLflow runs of this store, of which those with the
-    jobs' model and accelerator give the throughput (the median ``train/tokens_per_s`` and time outside training).
-    A job whose budget is ``train.passes`` is counted once its corpus is tokenized, so not here."""
-    from ccexp.tracking.mlflow_run import flatten
-
-    sized = [c for c in configs if c.train.passes is None]
-    tokens = sum(int(c.train.steps) * int(c.train.tokens_per_step) for c in sized)
-    head = f"sweep: {len(configs)} job(s), {tokens / 1e6:,.2f} M training tokens" + (
-        f" in the {len(sized)} with train.steps (train.passes sets the others' once the corpus is tokenized)"
-        if len(sized) < len(configs) else "")
-    if not sized:
-        return (f"sweep: {len(configs)} job(s); their budget is train.passes, which sets the steps once the corpus is "
-                "tokenized: each job's train: line gives its tokens")
-    model = {f"model.{k}": v for k, v in flatten(sized[0].model).items()}
-    device = str(sized[0].trainer.accelerator)
-    like = [r for r in earlier if all(r.data.params.get(k) == v for k, v in model.items())
-            and r.data.params.get("trainer.accelerator") == device]
-    rate, extra = throughput(like)
-    if not like or rate != rate:
-        return head + ("; no earlier run of this model on this device in the store to take a speed from (the first "
-                       "job's `done:` line gives it)")
-    hours = sum(int(c.train.steps) * int(c.train.tokens_per_step) / rate + extra for c in sized) / 3600
-    unit = "GPU" if device in ("gpu", "cuda") else "CPU"
-    return head + (f"; at {rate:,.0f} tokens/s and {extra:.0f} s outside training per run (the median of "
-                   f"{len(like)} earlier run(s) of this model here): about {hours:,.2f} {unit}-hours, one job after "
-                   "another")

@@ -43,7 +43,7 @@ class Packing:
 
 
 class PackedTask:
-    """The sweep's task function with each job's share of the machine ([`Packing.share`][ccexp.tracking.packing.Packing.share]) written
+    """The sweep's task function with each job's share of the machine ([`Packing.share`][ccexp.launch.packing.Packing.share]) written
     into its config before it runs (so its run records the threads and device it used); a plain object, so the
     launcher's worker processes can unpickle it."""
 

@@ -1,7 +1,7 @@
 """Where a run continues from, and whether it needs to run at all: ``train.resume_from`` resolved against the
 earlier runs of the same configuration (the same run name), each known by the ``run.json`` in its folder.
 
-``run.json`` ([`write_run_json`][ccexp.tracking.resume.write_run_json]) holds the run's name, its MLflow run id and
+``run.json`` ([`write_run_json`][ccexp.launch.resume.write_run_json]) holds the run's name, its MLflow run id and
 its state: ``running`` from its start, then ``finished`` (with its step and headline metrics), ``stopped`` (a
 signal or a callback ended it early: Ctrl-C, Slurm's notice, ``callbacks=timer``) or ``failed``. The earlier
 runs are looked for in the run's own folder (a requeued sweep job or a sweep launched again into its folder
@@ -14,7 +14,7 @@ What each value does (docs/using.md, "Stopping and continuing"):
   run says ``finished (...); nothing to do`` and trains nothing (no new MLflow run); when it *stopped* or
   failed and left a checkpoint, the run continues it (its MLflow run too) and says so in one line; when it
   is still running on this machine, the run is refused in one line. Otherwise a fresh start. In a sweep
-  (``-m``) ``null`` is a fresh start: a sweep keeps its finished jobs itself (``ccexp.tracking.sweep``).
+  (``-m``) ``null`` is a fresh start: a sweep keeps its finished jobs itself (``ccexp.launch.sweep``).
 - ``fresh``: from step 0, whatever ran before (a new MLflow run of the same name).
 - ``last``: the newest readable checkpoint of an *unfinished* run of this configuration (runs older than its
   newest finished run do not count); ``finished; nothing to do`` when the configuration finished; an error
@@ -99,7 +99,7 @@ def write_run_json(run_dir: Path, **fields) -> None:
 
 def claim(outputs: Path, identity: RunIdentity, run_dir: Path | None) -> None:
     """Take this configuration's running claim: an exclusive ``flock`` on ``<outputs>/.running/<digest>.lock``, held
-    until [`release_claims`][ccexp.tracking.resume.release_claims] (the end of the run) or the process's end (the
+    until [`release_claims`][ccexp.launch.resume.release_claims] (the end of the run) or the process's end (the
     kernel drops the lock of a process that is gone, SIGKILL and a power cut included). Taken before any earlier run
     is looked at, so of two identical commands started at once exactly one trains. Only global rank 0 of a launch
     claims (the others follow it). A claim this process holds already is kept.
@@ -194,7 +194,7 @@ class Earlier:
 
 def earlier_runs(name: str, run_dir: Path | None, outputs: Path) -> list[Earlier]:
     """Every run folder of the name ``name``: ``run_dir`` itself, then every folder under ``outputs`` whose
-    ``run.json`` carries that name; the newest start first. A name is not an identity: [`runs_of`][ccexp.tracking.resume.runs_of]
+    ``run.json`` carries that name; the newest start first. A name is not an identity: [`runs_of`][ccexp.launch.resume.runs_of]
     keeps those of one configuration."""
     folders = [run_dir] if run_dir is not None else []
     folders += [m.parent for m in [*outputs.glob(f"runs/**/{RUN_JSON}"), *outputs.glob(f"multirun/**/{RUN_JSON}")]]
@@ -265,7 +265,7 @@ def runs_of(identity: RunIdentity, run_dir: Path | None, outputs: Path) -> tuple
 
 def _gone(run: Earlier, outputs: Path) -> bool:
     """True when no process runs ``run`` (its run.json says running): on this host its pid is gone; elsewhere its
-    configuration's claim ([`claim`][ccexp.tracking.resume.claim]) is free (taken and dropped at once)."""
+    configuration's claim ([`claim`][ccexp.launch.resume.claim]) is free (taken and dropped at once)."""
     import fcntl
 
     if run.meta.get("host") == socket.gethostname() and run.meta.get("pid"):
@@ -287,8 +287,8 @@ def _gone(run: Earlier, outputs: Path) -> bool:
 
 def _bury(outputs: Path, run_dir: Path | None) -> list[Earlier]:
     """Every run under ``outputs`` (of any configuration) whose run.json says ``running`` while no process runs it
-    ([`_gone`][ccexp.tracking.resume._gone]: SIGKILL, the OOM killer, a node lost): recorded ``killed`` in its
-    run.json, one line each; their MLflow runs are ended by the caller ([`end_dead_runs`][ccexp.tracking.resume.end_dead_runs])."""
+    ([`_gone`][ccexp.launch.resume._gone]: SIGKILL, the OOM killer, a node lost): recorded ``killed`` in its
+    run.json, one line each; their MLflow runs are ended by the caller ([`end_dead_runs`][ccexp.launch.resume.end_dead_runs])."""
     dead = []
     for path in [*outputs.glob(f"runs/**/{RUN_JSON}"), *outputs.glob(f"multirun/**/{RUN_JSON}")]:
         if path.parent == run_dir:
@@ -326,13 +326,13 @@ def _newest_checkpoint(runs: list[Earlier]) -> Resume | None:
 def find_resume(resume_from: str | None, identity: RunIdentity, run_dir: Path | None, outputs: Path,
                 multirun: bool = False, fingerprints: dict[str, str] | None = None) -> Resume:
     """``train.resume_from`` resolved (the module docstring says what each value does), after this configuration's
-    running claim is taken ([`claim`][ccexp.tracking.resume.claim]). Earlier runs count only when their full
-    configuration digest is ``identity``'s ([`runs_of`][ccexp.tracking.resume.runs_of]). ``fingerprints``: the
+    running claim is taken ([`claim`][ccexp.launch.resume.claim]). Earlier runs count only when their full
+    configuration digest is ``identity``'s ([`runs_of`][ccexp.launch.resume.runs_of]). ``fingerprints``: the
     stages' fingerprints so far; an earlier run recorded on another corpus (a file rewritten in place) is not
     this run: neither finished nor continued.
 
     Raises:
-        CcexpError: when another process runs this configuration now ([`claim`][ccexp.tracking.resume.claim]); for
+        CcexpError: when another process runs this configuration now ([`claim`][ccexp.launch.resume.claim]); for
             ``last`` when there is nothing to continue.
     """
     claim(outputs, identity, run_dir)
@@ -394,7 +394,7 @@ RUN_JSON_METRICS = ("ppl", "ppl_macro", "ppl_worst", "bpb")  # kept in run.json 
 
 
 def end_dead_runs(client, dead: list) -> None:
-    """End the MLflow runs of ``dead`` earlier runs ([`ccexp.tracking.resume.Earlier`][ccexp.tracking.resume.Earlier]
+    """End the MLflow runs of ``dead`` earlier runs ([`ccexp.launch.resume.Earlier`][ccexp.launch.resume.Earlier]
     whose process is gone, their run.json now ``killed``) that are still RUNNING: KILLED, with a tag saying who
     noticed. A store that cannot be reached now is one warning; the next run of the configuration tries again."""
     from mlflow.exceptions import MlflowException
@@ -414,7 +414,7 @@ def end_dead_runs(client, dead: list) -> None:
 
 
 def finished_before(resume: Resume, cfg) -> dict[str, float]:
-    """The configuration finished in ``resume.finished`` (an [`Earlier`][ccexp.tracking.resume.Earlier]): one line,
+    """The configuration finished in ``resume.finished`` (an [`Earlier`][ccexp.launch.resume.Earlier]): one line,
     nothing trained and no MLflow run opened (the MLflow runs of ``resume.dead`` are ended, as a run record would);
     its headline metrics are the result."""
     run, resume_from = resume.finished, cfg.train.resume_from
