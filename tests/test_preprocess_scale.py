@@ -4,6 +4,7 @@ with the number of documents (issue 14). Each size runs in a fresh process whose
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -94,7 +95,6 @@ def test_one_huge_single_line_document_costs_a_small_multiple_of_its_size(tmp_pa
     at most 20x the document's size (measured here: 14x at 20 MB, 10x at 45 MB; before long texts were
     tokenized in pieces the Rust tokenizers alone took 4 GB for a 45 MB line)."""
     import random
-    import resource
 
     rng = random.Random(0)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
@@ -104,14 +104,20 @@ def test_one_huge_single_line_document_costs_a_small_multiple_of_its_size(tmp_pa
     (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in small))
     (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [big] + small))
     peaks = {}
-    for name in ("small", "big"):  # the children's peak is a running maximum: the smaller run first
-        proc = subprocess.run([sys.executable, "-m", "ccexp", "data=jsonl", f"data.path={tmp_path / name}.jsonl",
-                               "clusterer.k=2", "train.steps=2", "train.tokens_per_step=512", "train.seq_len=64",
-                               "train.micro_batch_size=8", "model.tokenizer.vocab_size=512", "logger=none",
-                               "trainer.enable_progress_bar=false", f"paths.outputs={tmp_path / name}",
-                               "data.heldout_fraction=0.2"], capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        peaks[name] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    for name in ("small", "big"):
+        # each run's own peak (os.wait4): RUSAGE_CHILDREN is a running maximum over every child this
+        # process has waited for, so a bigger child of an earlier test would hide both runs
+        log = tmp_path / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "ccexp", "data=jsonl", f"data.path={tmp_path / name}.jsonl",
+                                     "clusterer.k=2", "train.steps=2", "train.tokens_per_step=512", "train.seq_len=64",
+                                     "train.micro_batch_size=8", "model.tokenizer.vocab_size=512", "logger=none",
+                                     "trainer.enable_progress_bar=false", f"paths.outputs={tmp_path / name}",
+                                     "data.heldout_fraction=0.2"], stdout=out, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        peaks[name] = usage.ru_maxrss * 1024
     extra = peaks["big"] - peaks["small"]
     print(f"document {size / 2**20:.1f} MiB: peak {peaks['small'] / 2**20:.0f} -> {peaks['big'] / 2**20:.0f} MiB "
           f"(+{extra / size:.1f}x the document)")
