@@ -234,7 +234,7 @@ def cli() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from ccexp.errors import Interrupted, Refused, StoppedEarly, raise_interrupted
-    from ccexp.launch.sweep import LAST_SWEEP_FAILURES, close_active_sweep
+    from ccexp.launch.sweep import LAST_SWEEP_FAILURES, SWEEP_STOPPED, close_active_sweep
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we print user errors as one line
     signal.signal(signal.SIGTERM, raise_interrupted)  # training replaces it to stop at a step boundary
@@ -252,9 +252,10 @@ def cli() -> None:
         main()
     except (Interrupted, KeyboardInterrupt) as e:
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
-        close_active_sweep("KILLED")
+        swept = close_active_sweep("KILLED", stop=str(stop))  # a sweep: what each job left, and how to continue
         print(f"ccexp: {stop}" + ("" if "checkpoint" in str(stop) else "; finished stages stay cached, unfinished ones "
-                                  "were discarded"), file=sys.stderr)
+                                  "were discarded") + (f"; {swept[-1].removeprefix('sweep: ')}" if swept else ""),
+              file=sys.stderr)
         sys.exit(stop.exit_code)
     except StoppedEarly as e:
         print(f"ccexp: {e}", file=sys.stderr)
@@ -275,6 +276,11 @@ def cli() -> None:
         if line is None:
             raise
         fail(line)
+    if SWEEP_STOPPED:  # the jobs of hydra/launcher=packed stopped at a step's end; the sweep's summary said what is left
+        stop = SWEEP_STOPPED[0]
+        print(f"ccexp: sweep {stop}; the same command continues it (finished jobs kept, stopped ones from their "
+              "checkpoints)", file=sys.stderr)
+        sys.exit(stop.exit_code)
     if LAST_SWEEP_FAILURES:
         fail(f"{len(LAST_SWEEP_FAILURES)} sweep job(s) failed: " + " | ".join(LAST_SWEEP_FAILURES), code=1)
 

@@ -63,6 +63,9 @@ def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
 
 # where a run writes (its folders, the MLflow store it records to) and what it continues: not what it computes
 IDENTITY_EXCLUDED = ("paths", "logger.tracking_uri", "train.resume_from")
+# how a run is shown and how many of the machine's cores it had (hydra/launcher=packed writes trainer.threads into
+# each job): not settings of the experiment, so runs that differ only in them are one arm of a comparison
+NOT_EXPERIMENT = ("trainer.enable_progress_bar", "trainer.threads")
 
 
 def config_identity(container: dict) -> str:

@@ -69,10 +69,14 @@ def test_extending_a_finished_two_seed_sweep_to_three_seeds_trains_only_the_new_
     assert first.returncode == 0, first.stderr[-3000:]
     before = children(out)
     assert len(before) == 4
-    # one job was killed in the first launch: its status says so, and an extension runs it again
+    # one job was killed in the first launch before its first checkpoint: its status and run.json say so, and an
+    # extension runs it again
     failed = next(sweep.glob("uniform-s1-*"))
     status = json.loads((failed / "status.json").read_text())
     (failed / "status.json").write_text(json.dumps({**status, "status": "KILLED"}))
+    (failed / "run.json").write_text(json.dumps({**json.loads((failed / "run.json").read_text()), "status": "killed"}))
+    for ckpt in (failed / "checkpoints").glob("*.ckpt"):
+        ckpt.unlink()
     MlflowClient(f"sqlite:///{out}/mlflow.db").set_terminated(
         json.loads((failed / "run.json").read_text())["mlflow_run_id"], "KILLED")
     more = run_ccexp("-m", "seed=0,1,2", "sampler=random,uniform", *args, cwd=tmp_path)

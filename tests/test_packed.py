@@ -22,13 +22,15 @@ def test_packing_shares_gpus_round_robin_and_splits_the_cores():
             Packing(bad, gpus=1, cores=4)
 
 
-def test_a_packed_job_runs_with_its_share_written_into_its_config(monkeypatch):
+def test_a_packed_job_runs_with_its_share_written_into_its_config(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(job=SimpleNamespace(num=5))))
+    hydra = SimpleNamespace(job=SimpleNamespace(num=5), sweep=SimpleNamespace(dir=str(tmp_path)),
+                            runtime=SimpleNamespace(output_dir=str(tmp_path / "job")), overrides=SimpleNamespace(task=[]))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hydra))
     seen = []
     task = PackedTask(lambda cfg: seen.append(OmegaConf.to_container(cfg.trainer)), Packing(2, gpus=4, cores=16))
     task(OmegaConf.create({"trainer": {"accelerator": "gpu", "devices": 1, "threads": 8}}))
@@ -56,3 +58,36 @@ def test_packed_runs_two_jobs_at_once_on_a_cpu_each_with_one_thread(tmp_path):
     spans = [(r.info.start_time, r.info.end_time) for r in jobs]
     at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
     assert at_once == 2  # two jobs overlap, never three
+
+
+def test_a_packed_job_whose_turn_comes_after_the_sweep_was_stopped_does_not_start(monkeypatch, tmp_path):
+    """The worker's side of a packed sweep's stop: a job that starts after the sweep got its signal records KILLED
+    "not started" and returns to the sweep; the worker is left ignoring SIGINT and SIGTERM between jobs, and its
+    mark as a worker in a job is gone."""
+    import json
+    import signal
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from ccexp.launch.packing import SweepStop
+
+    hydra = SimpleNamespace(job=SimpleNamespace(num=0), sweep=SimpleNamespace(dir=str(tmp_path)),
+                            runtime=SimpleNamespace(output_dir=str(tmp_path / "job")),
+                            overrides=SimpleNamespace(task=["seed=1"]))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hydra))
+    (tmp_path / ".stopping").write_text("stopped by SIGINT")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ran = []
+        result = PackedTask(ran.append, Packing(1, gpus=0, cores=2))(OmegaConf.create({"trainer": {"threads": None}}))
+        assert ran == [] and result != result  # nan: nothing trained
+        status = json.loads((tmp_path / "job" / "status.json").read_text())
+        assert status == {"status": "KILLED", "message": "not started: the sweep was stopped by SIGINT",
+                          "overrides": ["seed=1"]}
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN and not list((tmp_path / ".workers").iterdir())
+        assert SweepStop(tmp_path).requested() == "stopped by SIGINT"
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

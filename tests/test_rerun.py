@@ -92,10 +92,14 @@ def test_runs_from_before_run_states_are_continued_only_when_asked(tmp_path):
     assert find_resume("last", IDENT, None, tmp_path).checkpoint == str(old / "checkpoints" / "last.ckpt")
 
 
-def test_a_sweep_job_starts_fresh_by_default_and_continues_its_own_folder_on_auto(tmp_path):
+def test_a_sweep_job_continues_its_own_folder_by_default_and_on_auto_and_fresh_starts_it_again(tmp_path):
     job = make_run(tmp_path, "10-00-00-1", "stopped")
-    assert find_resume(None, IDENT, job, tmp_path, multirun=True).checkpoint is None
-    assert find_resume("auto", IDENT, job, tmp_path, multirun=True).checkpoint == str(job / "checkpoints" / "last.ckpt")
+    own = str(job / "checkpoints" / "last.ckpt")
+    assert find_resume(None, IDENT, job, tmp_path, multirun=True).checkpoint == own
+    assert find_resume("auto", IDENT, job, tmp_path, multirun=True).checkpoint == own
+    assert find_resume("fresh", IDENT, job, tmp_path, multirun=True).checkpoint is None
+    # a stopped run of the same configuration in another folder is not this job's
+    assert find_resume(None, IDENT, tmp_path / "multirun" / "d" / "t" / "job", tmp_path, multirun=True).checkpoint is None
 
 
 def test_a_run_of_the_configuration_still_going_here_is_refused_and_a_dead_one_continued(tmp_path):

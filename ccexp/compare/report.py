@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ccexp.errors import CcexpError
+from ccexp.names import NOT_EXPERIMENT
 from ccexp.compare.budget import BUDGET_KEYS
 from ccexp.compare.stats import mean_ci
 
@@ -398,7 +399,7 @@ def _arm(run, group_by: str) -> str:
 # params that are not the experiment's configuration: the seeds (what a sweep repeats over) and where and how a
 # run is recorded or resumed
 _NOT_CONFIGURATION = re.compile(r"(^|\.)(seed|init_seed)$|^(logger|paths)\.|^train\.resume_from$|"
-                                r"^trainer\.enable_progress_bar$")
+                                + "|".join(f"^{re.escape(k)}$" for k in NOT_EXPERIMENT))
 
 
 def _configuration(run, group_by: str, arm: bool, ignore: tuple[str, ...] = ()) -> frozenset:
@@ -488,7 +489,12 @@ def sweep_context(client, parent_run_id: str | None) -> dict:
     if sweep_dir is not None and (sweep_dir / "multirun.yaml").is_file():
         saved = yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}
         out["sweep_dir"] = sweep_dir
-        out["task_overrides"] = list(((saved.get("hydra") or {}).get("overrides") or {}).get("task") or [])
+        overrides = (saved.get("hydra") or {}).get("overrides") or {}
+        # the launcher and its settings (hydra/launcher=packed, hydra.launcher.*) go with every command the report
+        # prints for this sweep: the sweep's own folder and mode are the command's to set
+        launcher = [str(o) for o in overrides.get("hydra") or []
+                    if not str(o).startswith(("hydra.mode=", "hydra.sweep.dir=", "hydra.run.dir="))]
+        out["task_overrides"] = launcher + list(overrides.get("task") or [])
     return out
 
 

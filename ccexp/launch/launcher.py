@@ -102,7 +102,7 @@ def record_end(job_dir: Path, overrides: list[str], job_id: str, state: str, why
     state after it; a job that left no status (it never started, or was killed hard) gets KILLED when
     Slurm stopped it (``scancel``, its time limit, a preemption), else FAILED, with the state and its log.
     Hydra's ``.hydra/overrides.yaml`` is written for a job that never started, so the sweep lists it."""
-    from ccexp.launch.sweep import STATUS_FILE, write_job_status
+    from ccexp.launch.status import STATUS_FILE, write_job_status
 
     path = job_dir / STATUS_FILE
     old = json.loads(path.read_text()) if path.is_file() else {}

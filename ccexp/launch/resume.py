@@ -14,7 +14,9 @@ What each value does (docs/using.md, "Stopping and continuing"):
   run says ``finished (...); nothing to do`` and trains nothing (no new MLflow run); when it *stopped* or
   failed and left a checkpoint, the run continues it (its MLflow run too) and says so in one line; when it
   is still running on this machine, the run is refused in one line. Otherwise a fresh start. In a sweep
-  (``-m``) ``null`` is a fresh start: a sweep keeps its finished jobs itself (``ccexp.launch.sweep``).
+  (``-m``) a job looks only in its own folder (``null``, ``last`` and ``auto`` alike): a job stopped with a checkpoint
+  continues it when the sweep is launched again into its folder, and a run of the same settings in another sweep
+  folder is that sweep's, not this job's; a sweep keeps its finished jobs itself (``ccexp.launch.sweep``).
 - ``fresh``: from step 0, whatever ran before (a new MLflow run of the same name).
 - ``last``: the newest readable checkpoint of an *unfinished* run of this configuration (runs older than its
   newest finished run do not count); ``finished; nothing to do`` when the configuration finished; an error
@@ -345,10 +347,12 @@ def find_resume(resume_from: str | None, identity: RunIdentity, run_dir: Path | 
     dead = _bury(Path(outputs), run_dir) if leader else []  # rank 0 records; the others follow it
     for run in (r for r in runs if any(d.folder == r.folder for d in dead)):  # this configuration's among them
         run.meta["status"] = "killed"
-    if resume_from == "fresh" or (resume_from is None and multirun):
+    if resume_from == "fresh":
         return Resume(identity=identity, dead=dead)
     if resume_from not in (None, "last", "auto"):
         return Resume(resume_from, run_id_of(Path(resume_from)), identity=identity, dead=dead)
+    if multirun:  # a sweep job continues its own folder only: another sweep's run of the same settings is not this job
+        runs = [r for r in runs if r.folder == run_dir]
     corpus = (fingerprints or {}).get("corpus")
     other = [r for r in runs if corpus and (r.meta.get("fingerprints") or {}).get("corpus", corpus) != corpus]
     for r in other[:1]:  # the same settings on a corpus that changed since (a file rewritten in place): not this run

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +35,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ccexp.artifacts import write_text_atomic
+from ccexp.launch.arms import job_overrides
+from ccexp.launch.status import STATUS_FILE, SWEEP_STOPPED, write_job_status  # noqa: F401  (the job's side's)
 
 log = logging.getLogger("ccexp")
-STATUS_FILE = "status.json"
 LAST_SWEEP_FAILURES: list[str] = []  # "#<job> (<overrides>): <line>" of the last multirun in this process
+SWEEP_RECORD = "sweep.json"  # <sweep_dir>/sweep.json: the sweep's command, its launching process, its MLflow parent
 _ACTIVE: "MlflowSweepCallback | None" = None  # the running sweep, so an interrupt can close its parent
-
-
-def write_job_status(job_dir: Path, status: str, message: str = "", overrides: list[str] | None = None) -> None:
-    """Record a job's end: ``status`` FINISHED, SKIPPED, FAILED or KILLED, with its one-line ``message``
-    and the ``overrides`` that set the job (so a later launch into the same folder recognises it)."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(job_dir / STATUS_FILE,
-                      json.dumps({"status": status, "message": message, "overrides": list(overrides or [])}))
 
 
 def finished_before(job_dir: Path, overrides: list[str]) -> bool:
@@ -83,6 +78,9 @@ class MlflowSweepCallback(Callback):
         self.parent_id: str | None = None
         self.uri: str | None = None
         self.client = None  # the parent's client: MLflow's, or a FallbackClient on a tracking server
+        self.sweep_dir: Path | None = None
+        self.argv: list[str] = []  # the sweep's command line, for the line that says how to continue it
+        self.jobs = 0  # how many jobs the sweep launches (0: a sweeper that does not say in advance)
 
     def __getstate__(self) -> dict:
         """What a launcher (joblib, submitit) sends its workers with the job: not the parent's client (a store's
@@ -122,11 +120,9 @@ class MlflowSweepCallback(Callback):
             except CcexpError as e:
                 raise Refused(str(e)) from None
         LAST_SWEEP_FAILURES.clear()
+        SWEEP_STOPPED.clear()
+        sweep_dir = self._folder(config)
         _ACTIVE = self
-        from ccexp.config import sweep_id
-
-        os.environ["CCEXP_SWEEP_ID"] = sweep_id()  # jobs in other processes (submitit) share the sweep folder
-        sweep_dir = Path(config.hydra.sweep.dir)
         from ccexp.launch.arms import check_arms
 
         try:
@@ -146,12 +142,40 @@ class MlflowSweepCallback(Callback):
             [{k: d[k] for k in ("job", "sampler", "seed", "same_as", "same_as_job")} for d in duplicates])[:5000])
         os.environ[PARENT_ENV] = self.parent_id
 
+    def _folder(self, config: DictConfig) -> Path:
+        """The sweep's folder: the one an earlier launch of the same command wrote
+        ([`same_command_sweep`][ccexp.launch.sweep.same_command_sweep]: that sweep continues), else a new one; its
+        ``sweep.json`` records the command and this process.
+
+        Raises:
+            Refused: when the same sweep runs now."""
+        import socket
+        import time
+
+        from ccexp.config import sweep_id
+        from ccexp.errors import CcexpError, Refused
+
+        try:
+            earlier = None if "CCEXP_SWEEP_ID" in os.environ else same_command_sweep(config)
+        except CcexpError as e:
+            raise Refused(str(e)) from None
+        # jobs in other processes (submitit, joblib) share the sweep folder
+        os.environ["CCEXP_SWEEP_ID"] = sweep_id() if earlier is None else earlier
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if earlier is not None:
+            log.info("sweep: continuing %s, launched before with the same command: finished jobs are kept, stopped "
+                     "ones continue from their checkpoints (hydra.sweep.dir=<another folder> or "
+                     "train.resume_from=fresh starts a new sweep)", sweep_dir)
+        update_sweep_record(sweep_dir, command=sweep_command(config), pid=os.getpid(), host=socket.gethostname(),
+                            launched=time.time())
+        self.sweep_dir, self.argv = sweep_dir, list(sys.argv[1:])
+        self.jobs = len(job_overrides(config) or [])
+        return sweep_dir
+
     def _cost(self, config: DictConfig, duplicates: list[dict]) -> str | None:
         """The sweep's cost before it starts ([`sweep_cost`][ccexp.launch.sweep.sweep_cost]), from the
         store's earlier runs of the same model; None for a sweeper whose jobs are not known in advance."""
         from hydra import compose
-
-        from ccexp.launch.arms import job_overrides
 
         jobs = job_overrides(config)
         if jobs is None:
@@ -181,8 +205,7 @@ class MlflowSweepCallback(Callback):
         client = client_for(store, sweep_dir / LOCAL_STORE)
         artifacts = config.logger.artifact_location or (None if store.is_server else outputs / "mlartifacts")
         overrides = " ".join(config.hydra.overrides.task)
-        record = sweep_dir / "sweep.json"
-        saved = json.loads(record.read_text()) if record.is_file() else {}
+        saved = read_sweep_record(sweep_dir)
         if saved.get("tracking_uri") == uri:
             from mlflow.exceptions import MlflowException
 
@@ -204,14 +227,20 @@ class MlflowSweepCallback(Callback):
         run_id = start_run(client, config.logger.experiment, name, {
             "ccexp.sweep": "true", "sweep_dir": str(sweep_dir.resolve()), "overrides": overrides[:5000]}, artifacts,
             local=not store.is_server)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(record, json.dumps({"tracking_uri": uri, "parent_run_id": run_id}))
+        update_sweep_record(sweep_dir, tracking_uri=uri, parent_run_id=run_id)
         log.info("mlflow: sweep parent run %s (%s)", name, run_id)
         return uri, client, run_id
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _ACTIVE
         sweep_dir = Path(config.hydra.sweep.dir)
+        if SWEEP_STOPPED:  # a signal stopped the jobs (hydra/launcher=packed): no report of a sweep cut short
+            try:
+                self.stop_summary(str(SWEEP_STOPPED[0]))
+            finally:
+                self.close("KILLED")
+                self._forget()
+            return
         jobs = job_statuses(sweep_dir)
         failed = [f"#{job} ({overrides}): {message}" for job, overrides, status, message in jobs
                   if status not in ("FINISHED", "SKIPPED")]
@@ -229,11 +258,51 @@ class MlflowSweepCallback(Callback):
                     if status not in ("FINISHED", "SKIPPED")])
         finally:
             self.close("FAILED" if failed else "FINISHED")
-            _ACTIVE = None
-            from ccexp.config import _SWEEP_ID
+            self._forget()
 
-            os.environ.pop("CCEXP_SWEEP_ID", None)
-            _SWEEP_ID.clear()  # the next sweep of this process gets its own folder
+    @staticmethod
+    def _forget() -> None:
+        """This process runs no sweep any more: the next one gets its own folder."""
+        global _ACTIVE
+        from ccexp.config import _SWEEP_ID
+
+        _ACTIVE = None
+        os.environ.pop("CCEXP_SWEEP_ID", None)
+        _SWEEP_ID.clear()
+
+    def stop_summary(self, stop: str) -> list[str]:
+        """Log and return what a stop left of the sweep: a line for each job that did not finish (stopped after step n
+        with its checkpoint, stopped before one, not started) and the command that continues the sweep. The MLflow run
+        of a job killed hard, still RUNNING, is ended KILLED."""
+        if self.sweep_dir is None:
+            return []
+        jobs = job_statuses(self.sweep_dir)
+        if self.uri is not None:
+            close_left_running(self.uri, self.sweep_dir, [(j, o, "KILLED" if s != "FINISHED" else s, m)
+                                                          for j, o, s, m in jobs])
+        done = sum(status in ("FINISHED", "SKIPPED") for _, _, status, _ in jobs)
+        lines = []
+        for job, overrides, status, message in jobs:
+            if status in ("FINISHED", "SKIPPED"):
+                continue
+            progress = job_progress(self.sweep_dir / job) or (message if message.startswith("not started") else
+                                                              f"{message}, before training; starts from step 0")
+            lines.append(f"  #{job} ({overrides}): {progress}")
+        waiting = max(0, self.jobs - len(jobs)) + sum(m.startswith("not started") for _, _, s, m in jobs if s == "KILLED")
+        head = (f"sweep: {stop}: {done} of {self.jobs or len(jobs)} job(s) finished, "
+                f"{len(jobs) + max(0, self.jobs - len(jobs)) - done - waiting} stopped"
+                + (f", {waiting} not started" if waiting else ""))
+        tail = f"sweep: to continue it (finished jobs kept, stopped ones from their checkpoints): {self.continue_command()}"
+        for line in [head, *lines, tail]:
+            log.warning("%s", line)
+        return [head, *lines, tail]
+
+    def continue_command(self) -> str:
+        """The sweep's own command line with its folder named (the same command alone finds the folder too)."""
+        import shlex
+
+        args = [a for a in self.argv if not a.startswith("hydra.sweep.dir=")]
+        return "python -m ccexp " + " ".join(shlex.quote(a) for a in [*args, f"hydra.sweep.dir={self.sweep_dir}"])
 
     def _report(self, out: Path, options: DictConfig, unfinished: list[str] = ()) -> None:
         from ccexp.compare.report import (headline_differences, parent_description, sampler_chart, sampler_summary,
@@ -335,10 +404,90 @@ def close_left_running(uri: str, sweep_dir: Path, jobs: list[tuple[str, str, str
         log.warning("mlflow: the run of job %s was left RUNNING by its job (%s): closed %s", job, message, closed)
 
 
-def close_active_sweep(status: str) -> None:
-    """Close the running sweep's parent run (an interrupt or a crash of the sweep itself)."""
-    if _ACTIVE is not None:
-        _ACTIVE.close(status)
+def close_active_sweep(status: str, stop: str | None = None) -> list[str]:
+    """Close the running sweep's parent run (an interrupt or a crash of the sweep itself); for a ``stop`` (the
+    signal's line), first log and return what is left to continue ([`MlflowSweepCallback.stop_summary`][ccexp.launch.sweep.MlflowSweepCallback.stop_summary])."""
+    if _ACTIVE is None:
+        return []
+    active, lines = _ACTIVE, []
+    try:
+        if stop is not None:
+            lines = active.stop_summary(stop)
+    finally:
+        active.close(status)
+        active._forget()
+    return lines
+
+
+def job_progress(job_dir: Path) -> str | None:
+    """How far a job that did not finish got, from its run.json and checkpoints: "stopped after step 12 of 80;
+    continues from <checkpoint>", "stopped before its first checkpoint", or None when it left no run.json."""
+    from ccexp.launch.resume import RUN_JSON
+
+    try:
+        meta = json.loads((job_dir / RUN_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    checkpoints = sorted((job_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    step, steps = meta.get("step"), meta.get("steps")
+    at = f" at step {step} of {steps}" if isinstance(step, int) and isinstance(steps, int) else ""
+    state = meta.get("status") or "stopped"
+    return (f"{state}{at}; continues from {checkpoints[0]}" if checkpoints else
+            f"{state}{at} before its first checkpoint; starts again from step 0")
+
+
+def read_sweep_record(sweep_dir: Path) -> dict:
+    """``<sweep_dir>/sweep.json`` as a mapping ({} when absent or unreadable)."""
+    try:
+        saved = json.loads((Path(sweep_dir) / SWEEP_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def update_sweep_record(sweep_dir: Path, **fields: Any) -> None:
+    """Merge ``fields`` into ``<sweep_dir>/sweep.json`` (written whole, atomically)."""
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(sweep_dir / SWEEP_RECORD, json.dumps({**read_sweep_record(sweep_dir), **fields}))
+
+
+def sweep_command(config: DictConfig) -> list[str]:
+    """What makes two sweep commands the same sweep: the task overrides as given (sweep lists included), sorted.
+    The launcher and its settings (``hydra.*``) are not part of it: a sweep may continue under another launcher."""
+    return sorted(str(o) for o in config.hydra.overrides.task)
+
+
+def same_command_sweep(config: DictConfig) -> str | None:
+    """The sweep folder (as ``CCEXP_SWEEP_ID``: its path under ``<paths.outputs>/multirun``) that an earlier launch of
+    the same command ([`sweep_command`][ccexp.launch.sweep.sweep_command]) wrote, the newest; None when there is none
+    or the sweep's folder is set (``hydra.sweep.dir``, a recipe's own).
+
+    Raises:
+        CcexpError: when the process that launched that sweep runs now on this machine.
+    """
+    import socket
+
+    from ccexp.artifacts import pid_alive
+    from ccexp.errors import CcexpError
+
+    if "${ccexp.sweep_id:}" not in str(OmegaConf.to_container(config.hydra.sweep, resolve=False).get("dir", "")):
+        return None
+    root = Path(str(config.paths.outputs)).resolve() / "multirun"
+    command = sweep_command(config)
+    found = [(saved.get("launched") or 0.0, path.parent) for path in root.glob(f"*/*/{SWEEP_RECORD}")
+             if (saved := read_sweep_record(path.parent)).get("command") == command]
+    if not found:
+        return None
+    _, folder = max(found, key=lambda f: f[0])
+    saved = read_sweep_record(folder)
+    pid = saved.get("pid")
+    if saved.get("host") == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and pid_alive(pid):
+        raise CcexpError(f"the same sweep is running now (pid {pid}, {folder}); wait for it, or stop it (Ctrl-C) and "
+                         "run the same command again to continue it")
+    return str(folder.relative_to(root))
 
 
 def sweep_cost(configs: list, earlier: list) -> str:

@@ -41,6 +41,16 @@ class PackedLauncher(JoblibLauncher):
         logging.getLogger("ccexp").info("%s", packing.describe())
         super().setup(hydra_context=hydra_context, task_function=PackedTask(task_function, packing), config=config)
 
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
+        """The jobs in the worker processes, with the sweep's stop ([`ccexp.launch.packing.SweepStop`][ccexp.launch.packing.SweepStop]):
+        a signal to this process stops each job at its step's end, and the sweep still waits for every job."""
+        from pathlib import Path
+
+        from ccexp.launch.packing import SweepStop
+
+        with SweepStop(Path(str(self.config.hydra.sweep.dir))).listening():
+            return super().launch(job_overrides, initial_job_idx)
+
 
 def visible_gpus() -> int:
     """The CUDA devices this process sees (0 without torch's CUDA)."""
