@@ -122,3 +122,37 @@ def test_a_curve_still_moving_at_the_end_is_named_from_the_real_store(tmp_path):
     assert "still moving when training stopped" in md and "random +30% (0.60M → 0.80M tokens)" in md
     assert "uniform -" not in md.split("still moving")[1].split("\n")[0] and "Rising (random)" in md
     assert any("random +30% from 0.60M to 0.80M tokens" in line for line in verdict_lines(c, *c.verdict()))
+
+
+def test_the_command_that_adds_seeds_states_its_cost_and_a_much_cheaper_metric_is_named():
+    """Issue 44's third point: the extension command comes with its cost at this sweep's own measured speed (runs,
+    tokens, hours), and a headline metric that needs at most half the primary's seeds is named."""
+    from ccexp.compare.verdict import PRIMARY
+
+    timing = {"train/tokens_per_s": 1000.0, "time/total_seconds": 10.0, "time/train_seconds": 4.0}
+    macro = {("random", 0): 10.0, ("random", 1): 10.0, ("uniform", 0): 10.5, ("uniform", 1): 9.6}
+    bpb = {("random", 0): 1.0, ("random", 1): 1.0, ("uniform", 0): 0.99, ("uniform", 1): 0.989}
+    runs = [run(s, i, {PRIMARY: macro[s, i], "eval/bpb": bpb[s, i], **timing}) for s in ("random", "uniform")
+            for i in (0, 1)]
+    c = Comparison.of(runs, title="t", group_by="sampler", baseline="random", require_baseline=False,
+                      sweep_dir=Path("/sweeps/s"), task_overrides=["hydra/launcher=packed", "seed=0,1"])
+    rows, command = c.verdict()
+    assert " -m ccexp -m hydra/launcher=packed 'seed=range(0," in command
+    more = 2 * (c.wanted - 2)  # two runs (random, uniform) per new seed
+    hours = more * (4096 / 1000 + 6) / 3600
+    cost = (f"{more:,} more run(s) of 4,096 tokens: about {hours:,.1f} CPU-hours one after another (this sweep's "
+            "median 1,000 tokens/s and 6 s outside training per run)")
+    assert c.extension_cost() == cost
+    lines = verdict_lines(c, rows, command)
+    assert f"(report.min_effect) ({cost}): {command}" in "\n".join(lines)
+    need = {r.metric: r.seeds_min_effect for r in rows}
+    assert need["eval/bpb"] * 2 <= need[PRIMARY]
+    assert any(line.startswith(f"  bits per byte needs about {need['eval/bpb']:,} seeds to detect the same share "
+                               f"where macro ppl (clusters equal) needs {need[PRIMARY]:,}") for line in lines)
+    assert cost in c.markdown()
+    # without a measured speed there is no figure to give, and no cost is made up
+    bare = Comparison.of([run(s, i, {PRIMARY: macro[s, i]}) for s in ("random", "uniform") for i in (0, 1)],
+                         title="t", group_by="sampler", baseline="random", require_baseline=False,
+                         sweep_dir=Path("/sweeps/s"), task_overrides=["seed=0,1"])
+    bare.verdict()
+    assert bare.extension_cost() is None

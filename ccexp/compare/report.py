@@ -206,6 +206,7 @@ class Comparison:
     left_out: list[str] = field(default_factory=list)  # the note on runs of other settings, when there were some
     moving: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # still_moving's, per group
     budgets: object = None  # the sweep's budgets (ccexp.compare.budget.BudgetStudy): None until write_report
+    wanted: int | None = None  # the seeds the extension command asks for (set by verdict())
 
     def budget_command(self) -> str | None:
         """The command that runs the cheapest design of ``budgets`` in the same sweep folder (None: none)."""
@@ -289,7 +290,28 @@ class Comparison:
         wanted = seeds_wanted(rows)
         if wanted is None and rows and all(r.n < 2 for r in rows):
             wanted = 2  # one seed: no noise to size the sweep with yet; a second seed measures it
+        self.wanted = wanted
         return rows, extend_command(self.sweep_dir, self.task_overrides, seeds, wanted)
+
+    def extension_cost(self) -> str | None:
+        """What the extension command ([`verdict`][ccexp.compare.report.Comparison.verdict]) costs, from this sweep's
+        own runs: "1,912 more runs of 24,576 tokens: about 84.6 CPU-hours one after another (this sweep's median
+        9,733 tokens/s and 5 s outside training per run)"; None without an extension or a measured speed."""
+        from ccexp.compare.budget import throughput
+
+        runs = [r for rs in self.groups.values() for r in rs]
+        seeds = {s for g in self.groups for s in self.seeds(g)}
+        if self.wanted is None or not runs or not seeds or self.wanted <= len(seeds):
+            return None
+        jobs = math.ceil((self.wanted - len(seeds)) * len(runs) / len(seeds))  # the sweep's jobs per seed, per new seed
+        rate, extra = throughput(runs)
+        tokens = float(np.median([r.data.metrics.get("train/tokens", 0.0) for r in runs]))
+        if not rate == rate or rate <= 0 or tokens <= 0:
+            return None
+        gpu = any(str(r.data.params.get("trainer.accelerator", "cpu")) in ("gpu", "cuda") for r in runs)
+        hours = jobs * (tokens / rate + extra) / 3600
+        return (f"{jobs:,} more run(s) of {tokens:,.0f} tokens: about {hours:,.1f} {'GPU' if gpu else 'CPU'}-hours one "
+                f"after another (this sweep's median {rate:,.0f} tokens/s and {extra:.0f} s outside training per run)")
 
     def markdown(self) -> str:
         from ccexp.compare.verdict import verdict_markdown

@@ -111,7 +111,9 @@ def moving_note(comparison) -> list[str]:
 def next_seed(comparison, command: str | None) -> list[str]:
     """What a one-seed comparison says in place of the seeds-needed table: why there is no verdict yet, the
     command that adds a second seed to the same sweep, and the decision sweep."""
-    how = (f"Add a second seed to this same sweep (finished jobs and cached stages are reused):\n\n```bash\n{command}\n```"
+    cost = comparison.extension_cost() if command and hasattr(comparison, "extension_cost") else None
+    how = (f"Add a second seed to this same sweep (finished jobs and cached stages are reused"
+           + (f"; {cost}" if cost else "") + f"):\n\n```bash\n{command}\n```"
            if command else "Run every sampler again with `seed=1` (the same data and settings).")
     return ["", "### Next: a second seed", "",
             "One seed per sampler: each difference above is a single pair, with no interval and no measure of "
@@ -185,10 +187,33 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
                       else ("n/a (needs 2 seeds)", "n/a"))  # one seed per sampler: no spread to measure
         md.append(f"| {metric_name(m)} | {noise} | {sn['signal_rel']:.1%} | {snr} | "
                   + " | ".join(cells) + " |")
+    cheaper = cheaper_metric(rows)
+    if cheaper:
+        md += ["", cheaper[0].upper() + cheaper[1:] + "."]
     if command:
+        cost = comparison.extension_cost() if hasattr(comparison, "extension_cost") else None
         md += ["", f"To add the seeds that {HEADLINE_NAMES[PRIMARY]} needs to detect {min_effect:.0%} to this same "
-               "sweep (finished jobs and cached stages are reused, failed jobs rerun):", "", f"```bash\n{command}\n```"]
+               "sweep (finished jobs and cached stages are reused, failed jobs rerun)" + (f"; {cost}" if cost else "")
+               + ":", "", f"```bash\n{command}\n```"]
     return md + [""]
+
+
+def cheaper_metric(rows: list[Row]) -> str | None:
+    """A sentence naming the headline metric whose decision needs the fewest seeds, when it needs at most half of
+    what the primary metric needs (seeds to detect ``min_effect``, the most over samplers); None otherwise. A metric
+    chosen after seeing the data is a forking path: the sentence says to choose it before the next sweep."""
+    need: dict[str, int] = {}
+    for r in rows:
+        if r.metric in HEADLINE_NAMES and r.seeds_min_effect is not None and r.verdict != "identical stream":
+            need[r.metric] = max(need.get(r.metric, 0), min(r.seeds_min_effect, MAX_SEEDS))
+    if PRIMARY not in need or len(need) < 2:
+        return None
+    best = min((m for m in need if m != PRIMARY), key=lambda m: need[m])
+    if need[best] * 2 > need[PRIMARY]:
+        return None
+    return (f"{HEADLINE_NAMES[best]} needs about {need[best]:,} seeds to detect the same share where "
+            f"{HEADLINE_NAMES[PRIMARY]} needs {need[PRIMARY]:,}: if it is the question you ask, decide that before "
+            "the next sweep (a metric picked after seeing the data is a forking path)")
 
 
 def seeds_wanted(rows: list[Row]) -> int | None:
@@ -243,10 +268,15 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
             f"{g} {change:+.0%} from {a / 1e6:.2f}M to {b / 1e6:.2f}M tokens" for g, (change, a, b) in moving.items())
             + "): the verdict depends on where training stopped")
     designed = getattr(getattr(comparison, "budgets", None), "designs", None)
+    cost = comparison.extension_cost() if command and hasattr(comparison, "extension_cost") else None
+    priced = f" ({cost})" if cost else ""
     if command and seeds < 2:
-        out.append(f"  one seed decides nothing; add a second: {command}")
+        out.append(f"  one seed decides nothing; add a second{priced}: {command}")
     elif command and not designed:  # with budgets, the budget lines' design is the next step
-        out.append(f"  add the seeds that detect {comparison.min_effect:.0%} (report.min_effect): {command}")
+        out.append(f"  add the seeds that detect {comparison.min_effect:.0%} (report.min_effect){priced}: {command}")
+    cheaper = cheaper_metric(rows)
+    if cheaper and seeds >= 2:
+        out.append(f"  {cheaper}")
     if getattr(comparison, "budgets", None) is not None:
         from ccexp.compare.budget import budget_lines
 
