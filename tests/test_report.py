@@ -78,7 +78,7 @@ def test_the_verdict_names_every_label_value_it_cannot_score():
     line = next(ln for ln in verdict.splitlines() if ln.startswith("Not scored"))
     assert "ppl of domain = gone; ppl of domain = rare" in line and "data.heldout_stratify" in line
     assert "domain = a" not in line  # scored: it has its verdict row
-    assert "| ppl of domain = a |" in verdict
+    assert "| ppl of domain = a (3 held-out docs: too few to read) |" in verdict
     nothing = comparison([run("random", 0, {"eval/ppl": 10.0}), run("uniform", 0, {"eval/ppl": 9.0})])
     assert "Not scored" not in nothing.markdown()
 
@@ -156,3 +156,22 @@ def test_the_command_that_adds_seeds_states_its_cost_and_a_much_cheaper_metric_i
                          sweep_dir=Path("/sweeps/s"), task_overrides=["seed=0,1"])
     bare.verdict()
     assert bare.extension_cost() is None
+
+
+def test_each_label_value_says_how_many_held_out_documents_it_rests_on_and_few_are_marked():
+    """Issue 44's fifth point: a rare label value's perplexity on 2 held-out documents is not read like one on 300:
+    the verdict's rows give the count (the fewest over runs) and mark fewer than 20 too few to read."""
+    from ccexp.compare.verdict import FEW_HELDOUT_DOCS
+
+    def metrics(seed, shift):
+        return {"eval/ppl": 10.0 + shift + seed / 10, "eval/ppl_domain/perl": 12.0 + shift - seed / 7,
+                "eval/ppl_domain/bible": 9.0 + shift + seed / 9, "eval/heldout_docs_domain/perl": 2.0 + seed,
+                "eval/heldout_docs_domain/bible": 300.0}
+
+    c = comparison([run(s, i, metrics(i, 0.1 * (s == "uniform"))) for s in ("random", "uniform") for i in (0, 1)])
+    md = c.markdown()
+    assert "| ppl of domain = perl (2 held-out docs: too few to read) |" in md
+    assert "| ppl of domain = bible (300 held-out docs) |" in md
+    assert f"Scored on fewer than {FEW_HELDOUT_DOCS} held-out documents, too few to read a difference from: " \
+           "ppl of domain = perl (2)." in md
+    assert c.heldout_documents("eval/ppl") is None and c.heldout_documents("eval/ppl_domain/perl") == 2

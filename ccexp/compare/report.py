@@ -273,6 +273,16 @@ class Comparison:
         count = f"eval/heldout_docs_{head[len('eval/ppl_'):]}/{name}"
         return all(r.data.metrics.get(count, 0) == 0 for r in self.groups[g])
 
+    def heldout_documents(self, m: str) -> int | None:
+        """The fewest held-out documents any run scored label metric ``m`` (``eval/ppl_<label>/<value>``) on, from the
+        runs' ``eval/heldout_docs_<label>/<value>``; None for another metric or where no run recorded the count."""
+        head, _, name = m.rpartition("/")
+        if not head.startswith("eval/ppl_") or m.startswith("eval/ppl_cluster/"):
+            return None
+        count = f"eval/heldout_docs_{head[len('eval/ppl_'):]}/{name}"
+        found = [r.data.metrics[count] for rs in self.groups.values() for r in rs if count in r.data.metrics]
+        return int(min(found)) if found else None
+
     def diff(self, m: str, g: str) -> str:
         d = self.paired.get(m, {}).get(g)
         if d is None:

@@ -22,6 +22,9 @@ HEADLINE_NAMES = {"eval/ppl": "overall ppl", "eval/ppl_macro": "macro ppl (clust
                   "eval/ppl_common": "commonest-quintile ppl", "eval/bpb": "bits per byte",
                   "eval/bpb_macro": "macro bits per byte"}
 PRIMARY = "eval/ppl_macro"  # the metric the extension command sizes the sweep for
+# a label value's perplexity on fewer held-out documents than this (data.heldout_min_per_value's default) is marked
+# too few to read: a handful of documents is a handful of samples, whatever the tokens
+FEW_HELDOUT_DOCS = 20
 MOVING_TAIL = 0.2  # a held-out curve still moving over this last share of the tokens trained is named (still_moving)
 
 
@@ -133,6 +136,29 @@ def metric_name(m: str) -> str:
     return m
 
 
+def scored_name(comparison, m: str) -> str:
+    """[`metric_name`][ccexp.compare.verdict.metric_name], and for a label value the held-out documents it is scored
+    on (the fewest over runs), marked "too few to read" under [`FEW_HELDOUT_DOCS`][ccexp.compare.verdict.FEW_HELDOUT_DOCS]."""
+    n = comparison.heldout_documents(m) if hasattr(comparison, "heldout_documents") else None
+    if n is None or n == 0:
+        return metric_name(m)
+    return f"{metric_name(m)} ({n:,} held-out doc{'s' if n != 1 else ''}{': too few to read' if n < FEW_HELDOUT_DOCS else ''})"
+
+
+def few_documents(comparison) -> list[str]:
+    """A paragraph naming the label values scored on fewer than [`FEW_HELDOUT_DOCS`][ccexp.compare.verdict.FEW_HELDOUT_DOCS]
+    held-out documents, and how to give them more; [] when there are none."""
+    few = [(m, n) for m in verdict_metrics(comparison.metrics) if m not in HEADLINE_NAMES
+           and (n := comparison.heldout_documents(m) if hasattr(comparison, "heldout_documents") else None)
+           and n < FEW_HELDOUT_DOCS]
+    if not few:
+        return []
+    return ["", f"Scored on fewer than {FEW_HELDOUT_DOCS} held-out documents, too few to read a difference from: "
+            + "; ".join(f"{metric_name(m)} ({n})" for m, n in few) + ". The hash split holds out about "
+            "`data.heldout_fraction` of each value; `data.heldout_stratify=<label>` gives every value up to "
+            "`data.heldout_min_per_value` held-out documents (at most half of its documents)."]
+
+
 def _seeds(n: int | None) -> str:
     return "n/a (needs 2 seeds)" if n is None else f"> {MAX_SEEDS:,}" if n > MAX_SEEDS else f"{n:,}"
 
@@ -164,8 +190,8 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
     for m in metrics:
         first = next(r for r in rows if r.metric == m)
         cells = [f"**{by[m, g].verdict}** {_diff(by[m, g])}" if (m, g) in by else "—" for g in samplers]
-        md.append(f"| {metric_name(m)} | {first.baseline_mean:.4g} | " + " | ".join(cells) + " |")
-    md += not_scored(comparison) + moving_note(comparison)
+        md.append(f"| {scored_name(comparison, m)} | {first.baseline_mean:.4g} | " + " | ".join(cells) + " |")
+    md += not_scored(comparison) + few_documents(comparison) + moving_note(comparison)
     if all(r.n < 2 for r in rows):  # one seed: a section of n/a would say nothing; say what comes next
         return md + next_seed(comparison, command) + [""]
     md += ["", "### Signal, noise and seeds needed", "",
@@ -185,7 +211,7 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
                  f"{_seeds(by[m, g].seeds_half_width)}" if (m, g) in by else "—" for g in samplers]
         noise, snr = ((f"{sn['noise_rel']:.1%}", f"{sn['snr']:.2f}") if math.isfinite(sn["noise_rel"])
                       else ("n/a (needs 2 seeds)", "n/a"))  # one seed per sampler: no spread to measure
-        md.append(f"| {metric_name(m)} | {noise} | {sn['signal_rel']:.1%} | {snr} | "
+        md.append(f"| {scored_name(comparison, m)} | {noise} | {sn['signal_rel']:.1%} | {snr} | "
                   + " | ".join(cells) + " |")
     cheaper = cheaper_metric(rows)
     if cheaper:
