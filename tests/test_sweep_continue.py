@@ -208,3 +208,20 @@ def test_a_packed_sweep_stopped_by_sigint_continues_with_the_same_command_c43(tm
     assert {r.data.tags.get("mlflow.parentRunId") for r in children} == {parents[0].info.run_id}
     assert sorted(r.data.params["seed"] for r in children) == ["0", "0", "1", "1"]
     assert "sweep: 4 of 4 job(s) finished" in text and "(2 paired seed(s))" in text
+
+
+def test_jobs_that_differ_only_in_their_seed_share_one_composition_and_get_what_composing_gives(tmp_path):
+    """A sweep plans thousands of seeds in seconds by composing each configuration once; a job's config made so is
+    the one Hydra composes with its seed (every setting that follows ${seed} follows it), and nothing else is shared."""
+    from ccexp.config import compose
+    from ccexp.launch.arms import job_config
+
+    composed: dict = {}
+    args = [*SMALL, "sampler=clusterclip", f"paths.outputs={tmp_path}"]
+    first = job_config(composed, [*args, "seed=0"], lambda config_name, overrides: compose(overrides))
+    seven = job_config(composed, [*args, "seed=7"], lambda config_name, overrides: compose(overrides))
+    assert len(composed) == 1 and first.seed == 0  # the copy did not change the composition it was made from
+    assert OmegaConf.to_container(seven, resolve=True) == OmegaConf.to_container(compose([*args, "seed=7"]),
+                                                                                 resolve=True)
+    other = job_config(composed, [*args, "seed=7", "train.lr=0.01"], lambda config_name, overrides: compose(overrides))
+    assert len(composed) == 2 and other.train.lr == 0.01

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -79,31 +80,79 @@ def find_duplicates(config: DictConfig, jobs: list[list[str]]) -> list[dict]:
     common = set.intersection(*(set(j) for j in jobs)) if jobs else set()
     label = [" ".join(o for o in j if o not in common) or " ".join(j) for j in jobs]  # what sets each job apart
     out, failures = [], 0
-    for num, overrides in enumerate(jobs):
-        try:
-            cfg = compose(config_name="config", overrides=overrides)
-            if getattr(get_method(cfg.sampler._target_), "needs_feedback", False) or \
-                    component("sampler", cfg.sampler).prior_run(cfg.sampler) is not None:
-                continue  # a stream that depends on losses, or on a prior run's output: not planned without a model
-            digest = stream_plan(cfg).digest
-        except (CcexpError, HydraException, OmegaConfBaseException) as e:  # the job itself will say it in one line
-            failures += 1
-            log.warning("sweep: job #%d (%s) cannot run: %s", num, label[num],
-                        e if isinstance(e, CcexpError) else one_line(e))
-            if failures == 3:  # most likely a problem all jobs share: each job will say it in its own line
-                log.warning("sweep: the jobs after #%d are not planned", num)
-                break
-            continue
-        names[num] = cfg.sampler.name
-        key = (_setup_key(cfg), digest)
-        if key in seen:
-            first = seen[key]
-            out.append({"job": num, "overrides": overrides, "sampler": cfg.sampler.name, "seed": int(cfg.seed),
-                        "label": label[num], "same_as_job": first, "same_as": names[first],
-                        "same_as_label": label[first]})
-        else:
-            seen[key] = num
+    composed: dict[tuple[str, ...], DictConfig] = {}  # the jobs' configs but their seed: composed once each
+    quiet, start, said = _Quiet(), time.perf_counter(), time.perf_counter()
+    try:
+        for num, overrides in enumerate(jobs):
+            if num == 1:
+                quiet.on()  # the first job's lines stand for all; later jobs show only what they compute anew
+            if time.perf_counter() - said > 15:
+                said = time.perf_counter()
+                log.warning("sweep: planned the token streams of %d of %d jobs (%.0f s)", num, len(jobs), said - start)
+            try:
+                cfg = job_config(composed, overrides, compose)
+                if getattr(get_method(cfg.sampler._target_), "needs_feedback", False) or \
+                        component("sampler", cfg.sampler).prior_run(cfg.sampler) is not None:
+                    continue  # a stream that depends on losses, or on a prior run's output: not planned without a model
+                digest = stream_plan(cfg).digest
+            except (CcexpError, HydraException, OmegaConfBaseException) as e:  # the job itself will say it in one line
+                failures += 1
+                log.warning("sweep: job #%d (%s) cannot run: %s", num, label[num],
+                            e if isinstance(e, CcexpError) else one_line(e))
+                if failures == 3:  # most likely a problem all jobs share: each job will say it in its own line
+                    log.warning("sweep: the jobs after #%d are not planned", num)
+                    break
+                continue
+            names[num] = cfg.sampler.name
+            key = (_setup_key(cfg), digest)
+            if key in seen:
+                first = seen[key]
+                out.append({"job": num, "overrides": overrides, "sampler": cfg.sampler.name, "seed": int(cfg.seed),
+                            "label": label[num], "same_as_job": first, "same_as": names[first],
+                            "same_as_label": label[first]})
+            else:
+                seen[key] = num
+    finally:
+        quiet.off()
+    if len(jobs) > 1:
+        log.info("sweep: planned the token streams of %d jobs in %.1f s", len(jobs), time.perf_counter() - start)
     return out
+
+
+def job_config(composed: dict, overrides: list[str], compose) -> DictConfig:
+    """A job's composed config (``compose``: Hydra's, ``composed``: this sweep's compositions so far, filled here). Jobs that differ only in ``seed=<int>`` share one composition: the copy gets its seed
+    set, and every setting that follows ``${seed}`` (the sampler's, the initialisation's) follows it, as in a
+    composition with that override."""
+    import copy
+
+    seed = [o.split("=", 1)[1] for o in overrides if o.startswith("seed=")]
+    rest = tuple(o for o in overrides if not o.startswith("seed="))
+    plain = len(seed) == 1 and seed[0].lstrip("-").isdigit()
+    if not plain or rest not in composed:
+        cfg = compose(config_name="config", overrides=list(overrides))
+        if plain:
+            composed[rest] = cfg
+        return cfg
+    cfg = copy.deepcopy(composed[rest])
+    cfg.seed = int(seed[0])
+    return cfg
+
+
+class _Quiet(logging.Filter):
+    """While the sweep plans its jobs' streams: the lines that repeat for every job off (a stage read from the cache,
+    the labels, each plan's summary); a stage computed now, a warning and anything else still show."""
+
+    REPEATS = ("plan: ", "labels: ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return record.levelno >= logging.WARNING or not ("reused=True" in message or message.startswith(self.REPEATS))
+
+    def on(self) -> None:
+        log.addFilter(self)
+
+    def off(self) -> None:
+        log.removeFilter(self)
 
 
 def check_arms(config: DictConfig, sweep_dir: Path) -> list[dict]:

@@ -35,7 +35,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ccexp.artifacts import write_text_atomic
-from ccexp.launch.arms import job_overrides
+from ccexp.launch.arms import job_config, job_overrides
 from ccexp.launch.status import STATUS_FILE, SWEEP_STOPPED, write_job_status  # noqa: F401  (the job's side's)
 
 log = logging.getLogger("ccexp")
@@ -182,7 +182,8 @@ class MlflowSweepCallback(Callback):
             return None
         skipped = {d["job"] for d in duplicates} if OmegaConf.select(config, "report.skip_duplicates",
                                                                       default=True) else set()
-        configs = [compose(config_name="config", overrides=o) for i, o in enumerate(jobs) if i not in skipped]
+        composed: dict = {}  # jobs that differ only in their seed share one composition
+        configs = [job_config(composed, o, compose) for i, o in enumerate(jobs) if i not in skipped]
         exp = self.client.get_experiment_by_name(config.logger.experiment)
         earlier = [] if exp is None else self.client.search_runs(
             [exp.experiment_id], "attributes.status = 'FINISHED'", max_results=200,
