@@ -44,6 +44,26 @@ def run_folder(folder: Path, digest: str, status: str, step: int, with_checkpoin
     return folder
 
 
+def training_jobs(out: Path) -> int:
+    """How many job folders of the sweep under ``out`` have logged a training step (each job's own ccexp.log)."""
+    return sum("train: step " in (d / "ccexp.log").read_text() for d in (out / "multirun").glob("*/*/*-s*-*")
+               if (d / "ccexp.log").is_file())
+
+
+def interrupted_sweep(args: list[str], out: Path, log: Path) -> tuple[str, Path]:
+    """Start ``python -m ccexp <args>``, send it SIGINT once two of its jobs train at once, and return its output
+    (after asserting exit 130) and its sweep folder."""
+    proc = subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=ROOT, env={**os.environ,
+                            "PYTHONWARNINGS": "ignore"}, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 400
+    while training_jobs(out) < 2:  # both jobs at once past their first step
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
+    return log.read_text(), next((out / "multirun").glob("*/*/sweep.json")).parent
+
+
 @pytest.mark.parametrize("resume_from", [None, "auto", "last"])
 def test_a_sweep_job_continues_its_own_checkpoint_and_never_another_sweeps_run(tmp_path, resume_from):
     """Relaunched into its folder, a stopped job continues from its own checkpoint, even when a run of the same
@@ -171,21 +191,10 @@ def test_a_packed_sweep_stopped_by_sigint_continues_with_the_same_command_c43(tm
             "train.steps=200", "train.log_every_n_steps=1", *SMALL, f"data.path={CASES / 'round5-150.jsonl'}",
             f"paths.outputs={out}"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    log = tmp_path / "first.log"
-    proc = subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=ROOT, env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
-    deadline = time.time() + 400
-    while len(set(re.findall(r"mlflow: run '([^']+)'", log.read_text()))) < 2 or \
-            "train: step 3/200" not in log.read_text():
-        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-        time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
-    text = log.read_text()
-    sweep = next((out / "multirun").glob("*/*/sweep.json")).parent
+    text, sweep = interrupted_sweep(args, out, tmp_path / "first.log")
     stopped = [json.loads(p.read_text()) for p in sweep.glob("*/run.json")]
     assert len(stopped) == 2 and all(m["status"] == "stopped" for m in stopped), stopped
-    assert all(len(list(d.glob("checkpoints/*.ckpt"))) == 1 for d in sweep.glob("*-s*-*") if (d / "run.json").is_file())
+    assert all((d / "checkpoints" / "last.ckpt").is_file() for d in sweep.glob("*-s*-*") if (d / "run.json").is_file())
     assert "sweep: stopped by SIGINT: 0 of 4 job(s) finished" in text
     assert len(re.findall(r"#\w+-s\d-\w+ \(.*\): stopped at step \d+ of 200; continues from .*last\.ckpt", text)) == 2
     continue_line = re.search(r"to continue it \(finished jobs kept, stopped ones from their checkpoints\): "
@@ -225,3 +234,39 @@ def test_jobs_that_differ_only_in_their_seed_share_one_composition_and_get_what_
                                                                                  resolve=True)
     other = job_config(composed, [*args, "seed=7", "train.lr=0.01"], lambda config_name, overrides: compose(overrides))
     assert len(composed) == 2 and other.train.lr == 0.01
+
+
+def test_hydra_launcher_joblib_is_ccexps_own_whose_jobs_stop_as_a_single_run():
+    """c43's kind at its other place: ``hydra/launcher=joblib`` (hydra's plugin, documented) ran its jobs in worker
+    processes that a Ctrl-C killed mid-step; ccexp's launcher of that name keeps the plugin's settings and stops them
+    as packed does."""
+    from hydra import compose, initialize_config_dir
+
+    from ccexp.__main__ import CONFIG_DIR
+    from ccexp.launch.packing import PackedTask, StoppingTask
+    from hydra_plugins.ccexp_launcher.ccexp_launcher import JoblibLauncher, PackedLauncher
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        cfg = compose("config", overrides=["hydra/launcher=joblib", "hydra.launcher.n_jobs=3"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.ccexp_launcher.ccexp_launcher.JoblibLauncher"
+    assert cfg.hydra.launcher.n_jobs == 3 and cfg.hydra.launcher.prefer == "processes"
+    assert issubclass(PackedLauncher, JoblibLauncher) and issubclass(PackedTask, StoppingTask)
+
+
+@pytest.mark.slow
+def test_a_joblib_sweep_stopped_by_sigint_leaves_each_training_job_stopped_with_its_checkpoint(tmp_path):
+    """hydra/launcher=joblib, two jobs at once, SIGINT while both train: exit 130, both stopped at a step's end
+    with a checkpoint, their MLflow runs KILLED, and the stop lines name them and the command that continues."""
+    from mlflow import MlflowClient
+
+    out = tmp_path / "out"
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "sampler=random", "seed=0,1",
+            "train.steps=300", "train.log_every_n_steps=1", *SMALL, f"data.path={CASES / 'round5-150.jsonl'}",
+            f"paths.outputs={out}"]
+    text, sweep = interrupted_sweep(args, out, tmp_path / "sweep.log")
+    assert [json.loads(p.read_text())["status"] for p in sweep.glob("*/run.json")] == ["stopped", "stopped"]
+    assert len(list(sweep.glob("*/checkpoints/last.ckpt"))) == 2
+    assert "sweep: stopped by SIGINT: 0 of 2 job(s) finished, 2 stopped" in text and "to continue it" in text
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ccexp").experiment_id
+    assert sorted(r.info.status for r in client.search_runs([exp])) == ["KILLED"] * 3

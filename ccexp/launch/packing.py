@@ -49,24 +49,22 @@ class Packing:
                 f"trainer.threads={self.threads} each")
 
 
-class PackedTask:
-    """The sweep's task function with each job's share of the machine ([`Packing.share`][ccexp.launch.packing.Packing.share]) written
-    into its config before it runs (so its run records the threads and device it used); a plain object, so the
-    launcher's worker processes can unpickle it.
+class StoppingTask:
+    """A sweep's task function run in a launcher's worker process (joblib's), stopped as a single run is
+    ([`SweepStop`][ccexp.launch.packing.SweepStop]): SIGTERM or SIGINT while the job trains ends it at the step's end
+    with its checkpoint, run.json ``stopped``, its MLflow run and ``status.json`` KILLED; a job whose turn comes after
+    the sweep was stopped does not start (``status.json`` KILLED, "not started"). Either way the job returns to the
+    sweep, which waits for every job and then says what is left to continue. A plain object, so the launcher's worker
+    processes can unpickle it."""
 
-    A job stops as a single run does ([`SweepStop`][ccexp.launch.packing.SweepStop]): SIGTERM or SIGINT while it trains
-    ends it at the step's end with its checkpoint, run.json ``stopped``, its MLflow run and ``status.json`` KILLED; a
-    job whose turn comes after the sweep was stopped does not start (``status.json`` KILLED, "not started"). Either
-    way the job returns to the sweep, which waits for every job and then says what is left to continue."""
+    def __init__(self, task_function: Any) -> None:
+        self.task_function = task_function
 
-    def __init__(self, task_function: Any, packing: Packing) -> None:
-        self.task_function, self.packing = task_function, packing
+    def prepare(self, cfg: Any, job_num: int) -> None:
+        """What a job's config gets before it runs (nothing here)."""
 
     def __call__(self, cfg: Any) -> Any:
-        import signal
-
         from hydra.core.hydra_config import HydraConfig
-        from omegaconf import open_dict
 
         from ccexp.errors import Interrupted
         from ccexp.launch.launcher import catch_signals
@@ -79,11 +77,7 @@ class PackedTask:
             stop.enter()
             if stop.requested():
                 return _not_started(job_dir, overrides, stop.requested())
-            share = self.packing.share(hydra.job.num)
-            with open_dict(cfg):
-                cfg.trainer.threads = share["threads"]
-                if "devices" in share and str(cfg.trainer.accelerator) in ("gpu", "cuda", "auto"):
-                    cfg.trainer.devices = share["devices"]
+            self.prepare(cfg, hydra.job.num)
             return self.task_function(cfg)
         except Interrupted as e:  # the entry point wrote its KILLED status when the job had started
             return _not_started(job_dir, overrides, str(e)) if not (job_dir / "status.json").is_file() else float("nan")
@@ -91,6 +85,25 @@ class PackedTask:
             for signum in (signal.SIGTERM, signal.SIGINT):  # between jobs a worker waits; a late signal changes nothing
                 signal.signal(signum, signal.SIG_IGN)
             stop.leave()
+
+
+class PackedTask(StoppingTask):
+    """The sweep's task function with each job's share of the machine ([`Packing.share`][ccexp.launch.packing.Packing.share]) written
+    into its config before it runs (so its run records the threads and device it used), stopped as
+    [`StoppingTask`][ccexp.launch.packing.StoppingTask] says."""
+
+    def __init__(self, task_function: Any, packing: Packing) -> None:
+        super().__init__(task_function)
+        self.packing = packing
+
+    def prepare(self, cfg: Any, job_num: int) -> None:
+        from omegaconf import open_dict
+
+        share = self.packing.share(job_num)
+        with open_dict(cfg):
+            cfg.trainer.threads = share["threads"]
+            if "devices" in share and str(cfg.trainer.accelerator) in ("gpu", "cuda", "auto"):
+                cfg.trainer.devices = share["devices"]
 
 
 def _not_started(job_dir: Path, overrides: list[str], why: str) -> float:

@@ -1,9 +1,11 @@
 """``hydra/launcher=slurm`` and ``hydra/launcher=local``: hydra-submitit-launcher's launchers whose sweep
 waits for every job's end, however it ends ([`ccexp.launch.launcher.EveryJobEnds`][ccexp.launch.launcher.EveryJobEnds]);
-``hydra/launcher=packed``: several runs at once on each GPU, or on a machine without one (hydra-joblib-launcher)."""
+``hydra/launcher=joblib``: hydra-joblib-launcher's worker processes, whose jobs stop as a single run does on Ctrl-C;
+``hydra/launcher=packed``: the same, several runs at once on each GPU, or on a machine without one, with the cores
+split between them."""
 from typing import Any
 
-from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher as _JoblibLauncher
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
 from ccexp.launch.launcher import EveryJobEnds
@@ -17,10 +19,32 @@ class LocalLauncher(EveryJobEnds, submitit_launcher.LocalLauncher):
     """submitit's processes on this machine."""
 
 
+class JoblibLauncher(_JoblibLauncher):
+    """``hydra/launcher=joblib``: hydra-joblib-launcher's worker processes, whose jobs stop as a single run does on
+    Ctrl-C or SIGTERM ([`ccexp.launch.packing.SweepStop`][ccexp.launch.packing.SweepStop]): each job that trains
+    stops at its step's end with its checkpoint, the jobs not started do not start, and the sweep still waits for
+    every job."""
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        from ccexp.launch.packing import StoppingTask
+
+        if not isinstance(task_function, StoppingTask):
+            task_function = StoppingTask(task_function)
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
+        from pathlib import Path
+
+        from ccexp.launch.packing import SweepStop
+
+        with SweepStop(Path(str(self.config.hydra.sweep.dir))).listening():
+            return super().launch(job_overrides, initial_job_idx)
+
+
 class PackedLauncher(JoblibLauncher):
     """``hydra/launcher=packed``: ``runs_per_device`` jobs at once on each visible GPU, or on this machine
     without one, each with its share of the cores ([`ccexp.launch.launcher.Packing`][ccexp.launch.packing.Packing]), in hydra-joblib-launcher's
-    worker processes."""
+    worker processes, stopped as [`JoblibLauncher`][hydra_plugins.ccexp_launcher.ccexp_launcher.JoblibLauncher]'s."""
 
     def __init__(self, runs_per_device: int = 2, **joblib: Any) -> None:
         super().__init__(**joblib)
@@ -40,16 +64,6 @@ class PackedLauncher(JoblibLauncher):
         self.joblib["n_jobs"] = packing.jobs
         logging.getLogger("ccexp").info("%s", packing.describe())
         super().setup(hydra_context=hydra_context, task_function=PackedTask(task_function, packing), config=config)
-
-    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
-        """The jobs in the worker processes, with the sweep's stop ([`ccexp.launch.packing.SweepStop`][ccexp.launch.packing.SweepStop]):
-        a signal to this process stops each job at its step's end, and the sweep still waits for every job."""
-        from pathlib import Path
-
-        from ccexp.launch.packing import SweepStop
-
-        with SweepStop(Path(str(self.config.hydra.sweep.dir))).listening():
-            return super().launch(job_overrides, initial_job_idx)
 
 
 def visible_gpus() -> int:
