@@ -251,6 +251,11 @@ def test_hydra_launcher_joblib_is_ccexps_own_whose_jobs_stop_as_a_single_run():
     assert cfg.hydra.launcher._target_ == "hydra_plugins.ccexp_launcher.ccexp_launcher.JoblibLauncher"
     assert cfg.hydra.launcher.n_jobs == 3 and cfg.hydra.launcher.prefer == "processes"
     assert issubclass(PackedLauncher, JoblibLauncher) and issubclass(PackedTask, StoppingTask)
+    # the name is taken from the plugin's schema on purpose: Hydra's deprecation note about it is not shown to users
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    shown = subprocess.run([sys.executable, "-m", "ccexp", "hydra/launcher=joblib", "--cfg", "hydra"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "JoblibLauncher" in shown.stdout and "validated against" not in shown.stderr
 
 
 @pytest.mark.slow
