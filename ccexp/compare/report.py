@@ -267,19 +267,13 @@ class Comparison:
 
     def no_documents(self, m: str, g: str) -> bool:
         """True when ``m`` is a per-label perplexity and the group's runs had no held-out document of that value."""
-        head, _, name = m.rpartition("/")
-        if not head.startswith("eval/ppl_"):
-            return False
-        count = f"eval/heldout_docs_{head[len('eval/ppl_'):]}/{name}"
-        return all(r.data.metrics.get(count, 0) == 0 for r in self.groups[g])
+        count = _documents_metric(m)
+        return count is not None and all(r.data.metrics.get(count, 0) == 0 for r in self.groups[g])
 
     def heldout_documents(self, m: str) -> int | None:
         """The fewest held-out documents any run scored label metric ``m`` (``eval/ppl_<label>/<value>``) on, from the
         runs' ``eval/heldout_docs_<label>/<value>``; None for another metric or where no run recorded the count."""
-        head, _, name = m.rpartition("/")
-        if not head.startswith("eval/ppl_") or m.startswith("eval/ppl_cluster/"):
-            return None
-        count = f"eval/heldout_docs_{head[len('eval/ppl_'):]}/{name}"
+        count = None if m.startswith("eval/ppl_cluster/") else _documents_metric(m)
         found = [r.data.metrics[count] for rs in self.groups.values() for r in rs if count in r.data.metrics]
         return int(min(found)) if found else None
 
@@ -421,6 +415,13 @@ def _label_values_without_documents(runs: list) -> set[str]:
                 head, _, name = k.rpartition("/")
                 out.add(f"eval/ppl_{head[len('eval/heldout_docs_'):]}/{name}")
     return out
+
+
+def _documents_metric(m: str) -> str | None:
+    """The held-out document count beside per-label perplexity ``m``: ``eval/ppl_<label>/<value>`` ->
+    ``eval/heldout_docs_<label>/<value>``; None for a metric of another kind."""
+    head, _, name = m.rpartition("/")
+    return f"eval/heldout_docs_{head[len('eval/ppl_'):]}/{name}" if head.startswith("eval/ppl_") else None
 
 
 def _arm(run, group_by: str) -> str:

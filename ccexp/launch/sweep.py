@@ -279,8 +279,8 @@ class MlflowSweepCallback(Callback):
             return []
         jobs = job_statuses(self.sweep_dir)
         if self.uri is not None:
-            close_left_running(self.uri, self.sweep_dir, [(j, o, "KILLED" if s != "FINISHED" else s, m)
-                                                          for j, o, s, m in jobs])
+            close_left_running(self.uri, self.sweep_dir, [(j, o, "KILLED", m) for j, o, s, m in jobs
+                                                          if s not in ("FINISHED", "SKIPPED")])
         done = sum(status in ("FINISHED", "SKIPPED") for _, _, status, _ in jobs)
         lines = []
         for job, overrides, status, message in jobs:
@@ -289,9 +289,9 @@ class MlflowSweepCallback(Callback):
             progress = job_progress(self.sweep_dir / job) or (message if message.startswith("not started") else
                                                               f"{message}, before training; starts from step 0")
             lines.append(f"  #{job} ({overrides}): {progress}")
-        waiting = max(0, self.jobs - len(jobs)) + sum(m.startswith("not started") for _, _, s, m in jobs if s == "KILLED")
-        head = (f"sweep: {stop}: {done} of {self.jobs or len(jobs)} job(s) finished, "
-                f"{len(jobs) + max(0, self.jobs - len(jobs)) - done - waiting} stopped"
+        unstarted = sum(m.startswith("not started") for _, _, s, m in jobs if s == "KILLED")  # folders, not started
+        waiting = max(0, self.jobs - len(jobs)) + unstarted  # and the jobs that never got a folder
+        head = (f"sweep: {stop}: {done} of {self.jobs or len(jobs)} job(s) finished, {len(lines) - unstarted} stopped"
                 + (f", {waiting} not started" if waiting else ""))
         tail = f"sweep: to continue it (finished jobs kept, stopped ones from their checkpoints): {self.continue_command()}"
         for line in [head, *lines, tail]:
