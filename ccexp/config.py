@@ -477,7 +477,7 @@ class SamplerConfig:
     @classmethod
     def input_files(cls, node: Any) -> list:
         """The files the sampler's settings name and its stream depends on (weights, reference losses): their
-        bytes are part of a run's identity ([`ccexp.names.run_identity`][ccexp.names.run_identity])."""
+        bytes are part of a run's identity (`ccexp.names.run_identity`)."""
         return []
 
 

@@ -22,9 +22,9 @@ HEADLINE_NAMES = {"eval/ppl": "overall ppl", "eval/ppl_macro": "macro ppl (clust
                   "eval/ppl_common": "commonest-quintile ppl", "eval/bpb": "bits per byte",
                   "eval/bpb_macro": "macro bits per byte"}
 PRIMARY = "eval/ppl_macro"  # the metric the extension command sizes the sweep for
-# a label value's perplexity on fewer held-out documents than this (data.heldout_min_per_value's default) is marked
-# too few to read: a handful of documents is a handful of samples, whatever the tokens
 FEW_HELDOUT_DOCS = 20
+"""A label value's perplexity on fewer held-out documents than this (``data.heldout_min_per_value``'s default) is
+marked too few to read: a handful of documents is a handful of samples, whatever the tokens."""
 MOVING_TAIL = 0.2  # a held-out curve still moving over this last share of the tokens trained is named (still_moving)
 
 

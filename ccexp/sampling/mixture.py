@@ -89,7 +89,7 @@ def _csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 def input_files(source: Any) -> list[Path]:
     """The files ``sampler.weights`` reads when it names a path: the file, or an earlier run's
     ``tables/clusters.csv``; [] for a list, a mapping or ``doremi`` (what a run's identity hashes besides its
-    settings, [`ccexp.names.run_identity`][ccexp.names.run_identity])."""
+    settings, `ccexp.names.run_identity`)."""
     if not isinstance(source, (str, Path)) or source == LEARNED:
         return []
     path = Path(source).expanduser()
