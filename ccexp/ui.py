@@ -64,26 +64,45 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
     # they matter: MLflow orders metric columns by name); runs from before them: the eval/ headline metrics
     metrics = sorted(m for m in logged if is_headline_key(m)) or [m for m in HEADLINE if m in logged]
     primary = next((m for m in (HEADLINE_KEYS["ppl_macro"], PRIMARY) if m in logged), None)
-    params = [p for p in ("sampler.name", "seed") if any(p in r.data.params for r in runs)]
+    group = group_key(runs)
+    params = [p for p in ("sampler.name", "seed") if any(p in r.data.params for r in runs) and not (group and p == "seed")]
     state = {
         "searchFilter": where, "orderByKey": f"metrics.`{primary}`" if primary else "attributes.start_time",
         "orderByAsc": primary is not None, "startTime": "ALL", "lifecycleFilter": "Active", "datasetsFilter": [],
         "modelVersionFilter": "All Runs",
         "selectedColumns": [f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in params],
         "runsPinned": [], "runsHidden": [], "runsExpanded": {}, "runListHidden": False,
-        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "param", "groupByData": "sampler.name"}]}
-        if "sampler.name" in params else None,
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [group]} if group else None,
         # the chart view (compareRunsMode=CHART): one bar chart per headline column, a bar per sampler when grouped
         # (isAccordionReordered: the UI keeps this section first; else it sorts sections by name, "cache" first)
         "compareRunSections": [{"uuid": "ccexp-headline", "name": "ccexp: headline", "display": True,
                                 "isReordered": False}], "isAccordionReordered": True,
         "compareRunCharts": [{"uuid": f"ccexp-{i}", "type": "BAR", "runsCountToCompare": 100,
                               "metricSectionId": "ccexp-headline", "deleted": False, "isGenerated": False,
-                              "metricKey": m, "displayName": m} for i, m in enumerate(metrics)],
+                              "metricKey": m, "displayName": m} for i, m in enumerate(metrics)
+                             if not m.endswith(" ci")],
     }
     key = f"ccexp-{(parent or 'all')[:12]}"
     client.set_experiment_tag(exp.experiment_id, SHARED_VIEW + key, json.dumps(state))
     return exp.experiment_id, key, metrics
+
+
+def group_key(runs: list) -> dict | None:
+    """How the view groups ``runs``: by their sweep's verdict
+    ([`VERDICT_TAG`][ccexp.compare.verdict.VERDICT_TAG], so each group's row starts with it), else by sampler, else
+    not at all (None)."""
+    from ccexp.compare.verdict import VERDICT_TAG
+
+    if any(VERDICT_TAG in r.data.tags for r in runs):
+        return {"mode": "tag", "groupByData": VERDICT_TAG}
+    return {"mode": "param", "groupByData": "sampler.name"} if any("sampler.name" in r.data.params for r in runs) else None
+
+
+def grouped_by_verdict(client, experiment_id: str, key: str) -> bool:
+    """True when the shared view ``key`` groups its runs by their sweep's verdict
+    ([`VERDICT_TAG`][ccexp.compare.verdict.VERDICT_TAG])."""
+    state = json.loads(client.get_experiment(experiment_id).tags.get(SHARED_VIEW + key, "{}"))
+    return any(k.get("mode") == "tag" for k in ((state.get("groupBy") or {}).get("groupByKeys") or []))
 
 
 def url_host(host: str) -> str:
@@ -116,11 +135,13 @@ def run_address(host: str, port: int, experiment_id: str, run_id: str, base: str
     return f"{root}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
-def view_address(host: str, port: int, experiment_id: str, key: str, base: str | None = None) -> str:
+def view_address(host: str, port: int, experiment_id: str, key: str, base: str | None = None,
+                 chart: bool = False) -> str:
     """The UI address of the shared view ``key`` (in the UI's model-training mode, not GenAI), on
-    ``http://host:port`` or on the tracking server ``base``."""
+    ``http://host:port`` or on the tracking server ``base``; ``chart``: its chart mode (a bar per group)."""
     root = base.rstrip("/") if base else f"http://{url_host(host)}:{port}"
-    return f"{root}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
+    return (f"{root}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
+            + ("&compareRunsMode=CHART" if chart else ""))
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -239,15 +260,18 @@ def main(argv: list[str] | None = None) -> None:
             proc = serve(store.uri, args.host, args.port)
         whose = "the sweep's runs" if args.parent or _latest_sweep(read_store(store.uri), args.experiment) else \
             f"the runs of experiment {args.experiment!r}"
+        base = store.uri if store.is_server else None
+        if grouped_by_verdict(read_store(store.uri), experiment_id, key):
+            print(f"ccexp.ui: {whose}, a bar per sampler; each chart's legend names its sampler's verdict:", flush=True)
+            print(view_address(args.host, args.port, experiment_id, key, base, chart=True), flush=True)
         print(f"ccexp.ui: {whose} by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",
               flush=True)
-        print(view_address(args.host, args.port, experiment_id, key, store.uri if store.is_server else None),
-              flush=True)
+        print(view_address(args.host, args.port, experiment_id, key, base), flush=True)
         parent = args.parent or _latest_sweep(read_store(store.uri), args.experiment)
         if parent is not None:
             print("ccexp.ui: the sweep's own run (its verdict, each sampler's figures, the chart by_sampler.png):",
                   flush=True)
-            print(run_address(args.host, args.port, experiment_id, parent, store.uri if store.is_server else None),
+            print(run_address(args.host, args.port, experiment_id, parent, base),
                   flush=True)
         if store.is_server:
             print(f"ccexp.ui: the view is in the tracking server's own UI ({store.uri}); nothing to start", flush=True)

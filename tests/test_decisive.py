@@ -100,13 +100,22 @@ def test_extending_a_finished_two_seed_sweep_to_three_seeds_trains_only_the_new_
     assert "verdict against random on macro ppl" in parent.data.tags["mlflow.note.content"]
     m = parent.data.metrics
     assert {"random macro ppl", "uniform macro ppl", "uniform macro vs random pct", "uniform macro vs random pct ci"} <= set(m)
+    after = [r for r in after if r.info.status == "FINISHED"]  # (the killed job's run keeps the first report's)
     for r in (client.get_run(r.info.run_id) for r in after):
         x = r.data.metrics
         # (rounded from the full value; eval/* is logged at 6 significant digits, so 453.145 may read 453.15)
         assert abs(x["macro ppl"] - x["eval/ppl_macro"]) <= 0.0051 and abs(x["ppl"] - x["eval/ppl"]) <= 0.0051
         base = next(b for b in after if b.data.tags["sampler"] == "random" and b.data.params["seed"] == r.data.params["seed"])
-        want = 100 * (x["eval/ppl_macro"] / base.data.metrics["eval/ppl_macro"] - 1)
-        assert x["macro vs random pct"] == pytest.approx(want, abs=0.006)
+        randoms = [b.data.metrics["eval/ppl_macro"] for b in after if b.data.tags["sampler"] == "random"]
+        want = 100 * (x["eval/ppl_macro"] - base.data.metrics["eval/ppl_macro"]) / (sum(randoms) / len(randoms))
+        assert x["macro vs random pct"] == pytest.approx(want, abs=0.006)  # in per cent of random's mean
+        assert r.data.tags["verdict"].startswith(f"{r.data.tags['sampler']}: ")
+    # one definition for one name: the mean of uniform's runs (the view's group row) is the parent's figure
+    mine = [client.get_run(r.info.run_id).data.metrics["macro vs random pct"] for r in after
+            if r.data.tags["sampler"] == "uniform"]
+    assert sum(mine) / len(mine) == pytest.approx(m["uniform macro vs random pct"], abs=0.01)
+    assert {client.get_run(r.info.run_id).data.metrics["macro vs random pct ci"] for r in after
+            if r.data.tags["sampler"] == "uniform"} == {m["uniform macro vs random pct ci"]}
 
 
 # -- the report's verdict -----------------------------------------------------------------------------

@@ -175,3 +175,27 @@ def test_each_label_value_says_how_many_held_out_documents_it_rests_on_and_few_a
     assert f"Scored on fewer than {FEW_HELDOUT_DOCS} held-out documents, too few to read a difference from: " \
            "ppl of domain = perl (2)." in md
     assert c.heldout_documents("eval/ppl") is None and c.heldout_documents("eval/ppl_domain/perl") == 2
+
+
+def test_each_sampler_gets_its_verdict_in_one_line_and_the_per_run_differences_average_to_it():
+    from ccexp.compare.report import headline_differences
+    from ccexp.compare.verdict import arm_verdicts
+
+    runs = [run("random", s, {"eval/ppl_macro": 100.0 + 10 * s}) for s in range(3)]
+    runs += [run("uniform", s, {"eval/ppl_macro": 90.0 + 10 * s + s}) for s in range(3)]
+    for i, r in enumerate(runs):
+        r.info = SimpleNamespace(run_id=f"r{i}")
+    c = comparison(runs)
+    rows, _ = c.verdict()
+    words = arm_verdicts(c, rows)
+    d = c.paired["eval/ppl_macro"]["uniform"]
+    assert words["random"] == "random: the baseline"
+    assert words["uniform"] == (f"uniform: better on macro ppl, {d['mean'] / d['baseline_mean']:+.1%} ± "
+                                f"{d['half'] / d['baseline_mean']:.1%} vs random (3 seeds)")
+    values = headline_differences(c)
+    mine = [values[f"r{i}"]["macro vs random pct"] for i in range(3, 6)]
+    assert [values[f"r{i}"]["macro vs random pct"] for i in range(3)] == [0.0] * 3
+    # the mean of uniform's per-run values is the report's difference, not a mean of per-seed ratios
+    assert sum(mine) / 3 == pytest.approx(100 * d["mean"] / d["baseline_mean"], abs=0.01)
+    assert sum(mine) / 3 != pytest.approx(100 * sum((90 + 11 * s) / (100 + 10 * s) - 1 for s in range(3)) / 3, abs=0.01)
+    assert {values[f"r{i}"]["macro vs random pct ci"] for i in range(3, 6)} == {round(100 * d["half"] / d["baseline_mean"], 2)}

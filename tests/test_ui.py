@@ -104,18 +104,40 @@ def test_the_view_leads_with_the_rounded_headline_metrics_and_charts_a_bar_per_s
 
     client, exp, (_, latest) = sweep_store(tmp_path)
     for run in client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{latest}'"):
-        for key in ("ppl", "macro ppl", "worst ppl", "macro vs random pct", "ppl vs random pct"):
+        for key in ("ppl", "macro ppl", "worst ppl", "macro vs random pct", "macro vs random pct ci", "ppl vs random pct"):
             client.log_metric(run.info.run_id, key, 1.25)
     _, key, metrics = compare_view(client)
-    assert metrics == ["macro ppl", "macro vs random pct", "ppl", "ppl vs random pct", "worst ppl"]
+    assert metrics == ["macro ppl", "macro vs random pct", "macro vs random pct ci", "ppl", "ppl vs random pct", "worst ppl"]
     assert all(map(is_headline_key, metrics)) and not is_headline_key("eval/ppl_macro")
     state = json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])
-    assert state["selectedColumns"][:5] == [f"metrics.`{m}`" for m in metrics]
+    assert state["selectedColumns"][:6] == [f"metrics.`{m}`" for m in metrics]
     assert state["orderByKey"] == "metrics.`macro ppl`" and state["orderByAsc"] is True
     charts = state["compareRunCharts"]  # the chart view: one bar chart per headline column, in their order
-    assert [(c["type"], c["metricKey"]) for c in charts] == [("BAR", m) for m in metrics]
+    assert [(c["type"], c["metricKey"]) for c in charts] == [("BAR", m) for m in metrics if not m.endswith(" ci")]
     assert state["compareRunSections"][0]["uuid"] == charts[0]["metricSectionId"]
     assert state["isAccordionReordered"] is True  # else the UI sorts sections by name and "cache" comes first
+
+
+def test_a_sweep_with_verdicts_is_grouped_by_them_without_a_mean_seed_and_printed_as_charts(tmp_path, capsys):
+    from ccexp.compare.verdict import VERDICT_TAG
+    from ccexp.ui import SHARED_VIEW, compare_view, main
+
+    client, exp, (_, latest) = sweep_store(tmp_path)
+    _, key, _ = compare_view(client)  # a sweep without verdicts (from before them): by sampler, seed shown
+    state = json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "sampler.name"}]
+    for run in client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{latest}'"):
+        sampler = run.data.params["sampler.name"]
+        client.set_tag(run.info.run_id, VERDICT_TAG, "random: the baseline" if sampler == "random" else
+                       "uniform: unresolved on macro ppl, +6.6% ± 280.0% vs random (2 seeds)")
+    _, key, _ = compare_view(client)
+    state = json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": VERDICT_TAG}]  # each group: its verdict
+    assert "params.`seed`" not in state["selectedColumns"]  # a group row would show the mean seed, 0.5
+    main(["--store", str(tmp_path / "mlflow.db"), "--no-server"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "legend names its sampler's verdict" in lines[0] and lines[1].endswith(f"{key}&workflowType=machine_learning&compareRunsMode=CHART")
+    assert lines[3].endswith(f"{key}&workflowType=machine_learning")  # the table after it
 
 
 @pytest.mark.slow

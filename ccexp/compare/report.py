@@ -51,10 +51,10 @@ def paired_differences(groups: dict[str, list], baseline: str, metrics: list[str
     """Per metric and sampler: runs paired with the baseline's run of the same seed.
 
     Returns:
-        ``{metric: {sampler: {"mean", "half", "n", "significant", "diffs", "baseline_mean"}}}`` with
+        ``{metric: {sampler: {"mean", "half", "n", "significant", "diffs", "seeds", "baseline_mean"}}}`` with
         ``mean`` the mean of (sampler − baseline) over the pairs, ``half`` the half-width of its 95 %
         confidence interval (Student's t, n−1 degrees of freedom; NaN for n < 2), ``significant`` true
-        where the interval excludes 0, ``diffs`` the differences seed by seed and ``baseline_mean`` the
+        where the interval excludes 0, ``diffs`` the differences seed by seed (of ``seeds``) and ``baseline_mean`` the
         baseline's mean over the paired seeds. Seeds with several runs in one group are not paired.
     """
     def by_seed(runs: list) -> dict[str, object]:
@@ -75,7 +75,7 @@ def paired_differences(groups: dict[str, list], baseline: str, metrics: list[str
             diffs = [mine[s].data.metrics[m] - base[s].data.metrics[m] for s in seeds]
             if diffs:
                 mean, half = mean_ci(diffs)
-                out.setdefault(m, {})[g] = {"mean": mean, "half": half, "n": len(diffs), "diffs": diffs,
+                out.setdefault(m, {})[g] = {"mean": mean, "half": half, "n": len(diffs), "diffs": diffs, "seeds": seeds,
                                             "significant": bool(not math.isnan(half) and abs(mean) > half),
                                             "baseline_mean": float(np.mean([base[s].data.metrics[m] for s in seeds]))}
     return out
@@ -722,25 +722,30 @@ def _plot(path: Path, comparison: "Comparison", metrics: list[str]) -> None:
 
 
 def headline_differences(comparison: "Comparison") -> dict[str, dict[str, float]]:
-    """Per run id: each headline perplexity's difference against the baseline's run of the same seed, in per cent
-    of it (2 decimals), under [`DIFFERENCE_KEYS`][ccexp.evaluation.heldout.DIFFERENCE_KEYS] (``macro vs random pct``); the
-    baseline's own runs get 0. What the MLflow view
-    shows beside each headline column, and averages per sampler in its grouped rows. Runs without a baseline run
-    of their seed get none."""
+    """Per run id: each headline perplexity's difference against the baseline's run of the same seed, in per cent of
+    the baseline's mean over the pairs (2 decimals), under [`DIFFERENCE_KEYS`][ccexp.evaluation.heldout.DIFFERENCE_KEYS]
+    (``macro vs random pct``), and beside it ``<key> ci``, the 95 % CI half-width of the sampler's mean difference
+    (the same on each of its runs; none from one pair); the baseline's own runs get 0. One definition for one name:
+    the mean of a sampler's values (what the MLflow view's group row shows) is the report's paired difference and
+    the parent run's ``<sampler> macro vs random pct``, not a mean of per-seed ratios. Runs not paired (no baseline
+    run of their seed, or two runs of one seed) get none."""
     from ccexp.evaluation.heldout import DIFFERENCE_KEYS
 
-    base = {r.data.params.get("seed"): r for r in comparison.groups.get(comparison.baseline, [])}
     out: dict[str, dict[str, float]] = {}
-    for runs in comparison.groups.values():
-        for r in runs:
-            b = base.get(r.data.params.get("seed"))
-            if b is None:
+    for name in ("ppl_macro", "ppl"):
+        key = DIFFERENCE_KEYS[name].format(baseline=comparison.baseline)
+        for g, d in comparison.paired.get(f"eval/{name}", {}).items():
+            if not d["baseline_mean"]:
                 continue
-            for name in ("ppl_macro", "ppl"):
-                mine, theirs = r.data.metrics.get(f"eval/{name}"), b.data.metrics.get(f"eval/{name}")
-                if mine is not None and theirs:
-                    key = DIFFERENCE_KEYS[name].format(baseline=comparison.baseline)
-                    out.setdefault(r.info.run_id, {})[key] = round(100.0 * (mine - theirs) / theirs, 2)
+            diff = dict(zip(d["seeds"], d["diffs"]))
+            for r in comparison.groups.get(g, []) + comparison.groups.get(comparison.baseline, []):
+                seed = r.data.params.get("seed", "?")
+                if seed in diff:
+                    mine = out.setdefault(r.info.run_id, {})
+                    mine[key] = 0.0 if r in comparison.groups[comparison.baseline] else \
+                        round(100.0 * diff[seed] / d["baseline_mean"], 2)
+                    if not math.isnan(d["half"]) and r in comparison.groups[g]:
+                        mine[f"{key} ci"] = round(100.0 * d["half"] / d["baseline_mean"], 2)
     return out
 
 

@@ -276,9 +276,37 @@ def python_command() -> str:
     return rel if not rel.startswith("..") else sys.executable
 
 
+VERDICT_TAG = "verdict"
+"""The MLflow tag a sweep sets on each of its runs: its sampler's verdict on the primary metric in one line
+([`arm_verdicts`][ccexp.compare.verdict.arm_verdicts]); the view ``python -m ccexp.ui`` opens groups the runs by it,
+so each group's row starts with the verdict."""
+
+
+def _primary_rows(rows: list[Row]) -> list[Row]:
+    """The rows of the primary metric (macro perplexity), else of overall perplexity."""
+    return [r for r in rows if r.metric == PRIMARY] or [r for r in rows if r.metric == "eval/ppl"]
+
+
+def arm_verdicts(comparison, rows: list[Row]) -> dict[str, str]:
+    """Per sampler, its verdict on the primary metric in one line, as the MLflow view's group rows show it
+    ([`VERDICT_TAG`][ccexp.compare.verdict.VERDICT_TAG]): ``uniform: unresolved on macro ppl, +6.6% ± 280.0% vs
+    random (2 seeds)``; the baseline's ``random: the baseline``. ``{}`` when no sampler is paired with the
+    baseline."""
+    primary = _primary_rows(rows)
+    if not primary:
+        return {}
+    short = {"eval/ppl_macro": "macro ppl", "eval/ppl": "ppl"}
+    out = {comparison.baseline: f"{comparison.baseline}: the baseline"}
+    for r in primary:
+        spread = "1 pair, no interval" if math.isnan(r.half) else f"± {r.rel_half:.1%}"
+        out[r.sampler] = (f"{r.sampler}: {r.verdict} on {short[r.metric]}, {r.rel_mean:+.1%} {spread} vs "
+                          f"{comparison.baseline} ({r.n} seed{'s' if r.n != 1 else ''})")
+    return out
+
+
 def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]:
     """A few lines for the end of a sweep: the primary metric's verdict per sampler and the command."""
-    primary = [r for r in rows if r.metric == PRIMARY] or [r for r in rows if r.metric == "eval/ppl"]
+    primary = _primary_rows(rows)
     if not primary:
         return []
     name = HEADLINE_NAMES[primary[0].metric]

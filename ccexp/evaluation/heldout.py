@@ -51,15 +51,16 @@ class EvalResult:
 
 # the headline figures as MLflow's runs table shows them (rounded copies of eval/<name>; MLflow orders metric columns
 # by name, and these names sort in the order they matter); a sweep adds two paired differences against its baseline
-# (ccexp.launch.sweep), "macro vs <baseline> pct" and "ppl vs <baseline> pct", each sorting right after its figure
+# (ccexp.launch.sweep), "macro vs <baseline> pct" and "ppl vs <baseline> pct" (ccexp.compare.report.headline_differences),
+# each sorting right after its figure, with "... pct ci" (their 95 % CI half-width) after them
 HEADLINE_KEYS = {"ppl_macro": "macro ppl", "ppl": "ppl", "ppl_rare": "rare ppl", "ppl_worst": "worst ppl"}
 DIFFERENCE_KEYS = {"ppl_macro": "macro vs {baseline} pct", "ppl": "ppl vs {baseline} pct"}
 
 
 def is_headline_key(key: str) -> bool:
     """True for the MLflow names of [`HEADLINE_KEYS`][ccexp.evaluation.heldout.HEADLINE_KEYS] and of the sweep's
-    differences ([`DIFFERENCE_KEYS`][ccexp.evaluation.heldout.DIFFERENCE_KEYS])."""
-    return key in HEADLINE_KEYS.values() or ("/" not in key and key.endswith(" pct")
+    differences ([`DIFFERENCE_KEYS`][ccexp.evaluation.heldout.DIFFERENCE_KEYS]) with their CI half-widths (``... pct ci``)."""
+    return key in HEADLINE_KEYS.values() or ("/" not in key and key.endswith((" pct", " pct ci"))
                                             and key.split(" vs ")[0] in ("macro", "ppl"))
 
 

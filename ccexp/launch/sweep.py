@@ -309,7 +309,7 @@ class MlflowSweepCallback(Callback):
         from ccexp.compare.report import (headline_differences, parent_description, sampler_chart, sampler_summary,
                                            write_report)
         from ccexp.tracking.server import FallbackClient, unreachable
-        from ccexp.compare.verdict import verdict_lines
+        from ccexp.compare.verdict import VERDICT_TAG, arm_verdicts, verdict_lines
 
         try:  # the report reads the jobs' runs from the store
             files, comparison = write_report(self.client, parent_run_id=self.parent_id, out_dir=out,
@@ -331,7 +331,11 @@ class MlflowSweepCallback(Callback):
         for run_id, values in headline_differences(comparison).items():  # the MLflow view's "vs random pct" columns
             for key, value in values.items():
                 self.client.log_metric(run_id, key, value)
-        lines = verdict_lines(comparison, *comparison.verdict())
+        rows, command = comparison.verdict()
+        for g, words in arm_verdicts(comparison, rows).items():  # the view groups the runs by it: verdict first
+            for r in comparison.groups.get(g, []):
+                self.client.set_tag(r.info.run_id, VERDICT_TAG, words)
+        lines = verdict_lines(comparison, rows, command)
         for key, value in sampler_summary(comparison).items():  # the parent's Metrics: each sampler at a glance
             self.client.log_metric(self.parent_id, key, value)
         self.client.set_tag(self.parent_id, "mlflow.note.content", parent_description(comparison, lines))
