@@ -358,6 +358,7 @@ def stream_main(overrides: list[str]) -> int:
 
     quiet_libraries()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    once = SaidOnce()
     try:
         variants = expand_sweep(overrides)
         from pathlib import Path
@@ -371,6 +372,7 @@ def stream_main(overrides: list[str]) -> int:
         first = compose(variants[0])  # the plan's runs go where a run's would: the store said, a server asked, first
         check_store(first.logger, Path(first.paths.outputs).expanduser().resolve())
         plans, impossible = [], []
+        logging.getLogger("ccexp").addFilter(once)  # the stages' lines and warnings once, not per variant
         for variant in variants:  # a variant the data cannot supply is marked; the others are planned
             cfg = compose(variant)
             try:
@@ -385,9 +387,30 @@ def stream_main(overrides: list[str]) -> int:
         out = write_plans(plans, impossible)
     except (CcexpError, HydraException, OmegaConfBaseException) as err:
         return error_line(err)
+    finally:
+        logging.getLogger("ccexp").removeFilter(once)
     print(f"plan: {out / 'plan.md'}" + (f" ({len(impossible)} of {len(variants)} variants cannot run: see it)"
                                        if impossible else ""))
     return 0
+
+
+class SaidOnce(logging.Filter):
+    """Each log message once: variants that share a corpus read the same stages from the cache and would repeat
+    their lines and warnings (the corpus, its labels, each stage's line again with ``reused=True``) once per
+    variant. A stage's line is the same line whether computed or reused (its fingerprint names it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import re
+
+        key = (record.levelno, re.sub(r"reused=\w+, [\d.]+ s", "", record.getMessage()))
+        if key in self.said:
+            return False
+        self.said.add(key)
+        return True
 
 
 def error_line(err: BaseException) -> int:

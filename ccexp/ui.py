@@ -227,13 +227,36 @@ def _port(text: str) -> int:
     return port
 
 
+def print_addresses(args: argparse.Namespace, store, experiment_id: str, key: str, metrics: list[str]) -> None:
+    """The addresses ``python -m ccexp.ui`` prints: the view in chart mode where its runs are grouped by a sweep's
+    verdict (each legend entry names one), the view as a table, and the sweep's parent run."""
+    from ccexp.tracking.store import read_store
+
+    parent = args.parent or _latest_sweep(read_store(store.uri), args.experiment)
+    whose = "the sweep's runs" if parent else f"the runs of experiment {args.experiment!r}"
+    base = store.uri if store.is_server else None
+    if grouped_by_verdict(read_store(store.uri), experiment_id, key):
+        print(f"ccexp.ui: {whose}, a bar per sampler; each chart's legend names its sampler's verdict:", flush=True)
+        print(view_address(args.host, args.port, experiment_id, key, base, chart=True), flush=True)
+    print(f"ccexp.ui: {whose} by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",
+          flush=True)
+    print(view_address(args.host, args.port, experiment_id, key, base), flush=True)
+    if parent is not None:
+        print("ccexp.ui: the sweep's own run (its verdict, each sampler's figures, the chart by_sampler.png):",
+              flush=True)
+        print(run_address(args.host, args.port, experiment_id, parent, base), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
+    from ccexp.compare.report import outputs_argument
     from ccexp.help import plain
 
+    argv = outputs_argument(argv)
     ap = argparse.ArgumentParser(prog="python -m ccexp.ui", description=plain(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", default=None,
-                    help="SQLite MLflow store (default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
+                    help="SQLite MLflow store, or the outputs folder that holds it (paths.outputs=<dir> also works; "
+                         "default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
     ap.add_argument("--tracking-uri", default=None,
                     help="any MLflow tracking URI (overrides --store); a server's: the view is opened in its own UI")
     ap.add_argument("--experiment", default="ccexp", help="the MLflow experiment (default ccexp)")
@@ -258,21 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         experiment_id, key, metrics = compare_view(read_store(store.uri), args.experiment, args.parent)
         if not args.no_server and not store.is_server:
             proc = serve(store.uri, args.host, args.port)
-        whose = "the sweep's runs" if args.parent or _latest_sweep(read_store(store.uri), args.experiment) else \
-            f"the runs of experiment {args.experiment!r}"
-        base = store.uri if store.is_server else None
-        if grouped_by_verdict(read_store(store.uri), experiment_id, key):
-            print(f"ccexp.ui: {whose}, a bar per sampler; each chart's legend names its sampler's verdict:", flush=True)
-            print(view_address(args.host, args.port, experiment_id, key, base, chart=True), flush=True)
-        print(f"ccexp.ui: {whose} by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",
-              flush=True)
-        print(view_address(args.host, args.port, experiment_id, key, base), flush=True)
-        parent = args.parent or _latest_sweep(read_store(store.uri), args.experiment)
-        if parent is not None:
-            print("ccexp.ui: the sweep's own run (its verdict, each sampler's figures, the chart by_sampler.png):",
-                  flush=True)
-            print(run_address(args.host, args.port, experiment_id, parent, base),
-                  flush=True)
+        print_addresses(args, store, experiment_id, key, metrics)
         if store.is_server:
             print(f"ccexp.ui: the view is in the tracking server's own UI ({store.uri}); nothing to start", flush=True)
         if proc is not None:

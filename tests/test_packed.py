@@ -16,7 +16,8 @@ def test_packing_shares_gpus_round_robin_and_splits_the_cores():
     cpu = Packing(2, gpus=0, cores=2)
     assert (cpu.jobs, cpu.threads, cpu.share(5)) == (2, 1, {"threads": 1})  # no device setting without a GPU
     assert Packing(8, gpus=1, cores=4).threads == 1  # never below one thread
-    assert cpu.describe() == "packed: 2 run(s) at once on this machine (no GPU), 2 in all, trainer.threads=1 each"
+    assert cpu.describe() == "packed: up to 2 job(s) at once on this machine (no GPU), trainer.threads=1 each"
+    assert eight.describe() == "packed: up to 4 job(s) at once on each of 8 GPU(s) (32 at once in all), trainer.threads=2 each"
     for bad in (0, -1, 1.5, True, "two", None):
         with pytest.raises(CcexpError, match=r"runs_per_device=.*: give a whole number >= 1"):
             Packing(bad, gpus=1, cores=4)
@@ -50,7 +51,7 @@ def test_packed_runs_two_jobs_at_once_on_a_cpu_each_with_one_thread(tmp_path):
     import os
 
     threads = max(1, (os.cpu_count() or 1) // 2)
-    assert f"packed: 2 run(s) at once on this machine (no GPU), 2 in all, trainer.threads={threads} each" in log
+    assert f"packed: up to 2 job(s) at once on this machine (no GPU), trainer.threads={threads} each" in log
     _, rs = runs(tmp_path / "out")
     jobs = sorted((r for r in rs if r.data.tags.get("ccexp.sweep") != "true"), key=lambda r: r.info.start_time)
     assert len(jobs) == 4 and all(r.info.status == "FINISHED" for r in jobs)

@@ -124,6 +124,19 @@ def test_a_curve_still_moving_at_the_end_is_named_from_the_real_store(tmp_path):
     assert any("random +30% from 0.60M to 0.80M tokens" in line for line in verdict_lines(c, *c.verdict()))
 
 
+def test_a_jump_between_the_tails_evaluations_counts_as_still_moving():
+    """Evaluations every 100k tokens: the curve is back within 1 % of its value at the tail's start by the end,
+    but rose 60 % in between; the point farthest from the last is reported, not the tail's first."""
+    from ccexp.compare.report import still_moving
+
+    jump = [100.0, 80.0, 70.0, 60.0, 55.0, 52.0, 50.0, 80.0, 50.5]
+    steady = [100.0, 80.0, 70.0, 60.0, 55.0, 52.0, 50.0, 50.2, 50.5]
+    histories = {(g, "curve/ppl_macro"): [{100_000 * i: v for i, v in enumerate(curve)}]
+                 for g, curve in (("random", jump), ("uniform", steady))}
+    moving = still_moving(histories, 0.02)
+    assert list(moving) == ["random"] and moving["random"] == (pytest.approx(50.5 / 80 - 1), 700_000, 800_000)
+
+
 def test_the_command_that_adds_seeds_states_its_cost_and_a_much_cheaper_metric_is_named():
     """Issue 44's third point: the extension command comes with its cost at this sweep's own measured speed (runs,
     tokens, hours), and a headline metric that needs at most half the primary's seeds is named."""

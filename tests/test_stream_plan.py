@@ -81,3 +81,18 @@ def test_the_plan_compares_the_token_mix_with_the_corpus_token_mix():
     assert plan.history["kl_to_corpus"][-1] < 0.01
     doc_mix, token_mix = sizes / sizes.sum(), plan.corpus_tokens / plan.corpus_tokens.sum()
     assert float((token_mix * np.log(token_mix / doc_mix)).sum()) > 0.1  # the two mixes do differ here
+
+
+def test_a_plan_of_several_samplers_says_each_stage_line_once(tmp_path, small_corpus, caplog):
+    """Two samplers on one corpus: the second reads every stage from the cache; its corpus, labels and stage
+    lines (and their warnings) are not said again, and each sampler's plan line is."""
+    import logging
+
+    from ccexp.plan import main
+
+    caplog.set_level(logging.INFO, logger="ccexp")
+    assert main(["debug=tiny", "data=jsonl", f"data.path={small_corpus}", "data.label_fields=[domain]",
+                 "train.max_doc_tokens=64", "sampler=random,uniform", f"paths.outputs={tmp_path}"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "ccexp"]
+    assert [m.split(",")[0] for m in said if m.startswith("plan: ")] == ["plan: random", "plan: uniform"]
+    assert sum("reused=" in m for m in said) == 4 and len(said) == len(set(said))  # corpus, tokenize, embed, cluster

@@ -80,6 +80,8 @@ def test_no_server_prints_the_address_of_the_view_and_of_the_sweeps_parent_run(t
     assert out[1].startswith(f"{root}/runs?viewStateShareKey=ccexp-")
     assert out[1].endswith("&workflowType=machine_learning")
     assert f"{root}/runs/{latest}?workflowType=machine_learning" in "\n".join(out)  # the sweep's parent run
+    main([f"paths.outputs={tmp_path}", "--no-server", "--port", "5123"])  # the run's own way to name its outputs
+    assert capsys.readouterr().out.splitlines() == out
 
 
 def test_the_ui_serves_on_the_ipv6_loopback_where_there_is_one():

@@ -640,9 +640,10 @@ def still_moving(histories: dict, min_change: float, metric: str = "curve/ppl_ma
     """The groups whose held-out curve (``metric``, the mean over their runs) still changed by more than
     ``min_change`` (a share, the report's ``min_effect``) over the last ``MOVING_TAIL`` of the tokens
     trained: {group: (relative change, tokens at the earlier point, tokens at the last)}. Such a verdict
-    holds where training stopped, not beyond it. The earlier point is the curve's last at or before
-    ``1 - MOVING_TAIL`` of the tokens; groups whose curve has none within ``2 * MOVING_TAIL`` of the end (a
-    coarse ``eval.every_n_steps``) are left out."""
+    holds where training stopped, not beyond it. Every point of the tail is compared with the last, from the
+    curve's last point at or before ``1 - MOVING_TAIL`` of the tokens on (so a jump between two evaluations
+    counts), and the point farthest from the last is the one reported; groups whose curve has no point within
+    ``2 * MOVING_TAIL`` of the end before the tail (a coarse ``eval.every_n_steps``) are left out."""
     from ccexp.compare.verdict import MOVING_TAIL
 
     out = {}
@@ -653,7 +654,8 @@ def still_moving(histories: dict, min_change: float, metric: str = "curve/ppl_ma
         earlier = np.flatnonzero(tokens <= tokens[-1] * (1 - MOVING_TAIL))
         if earlier.size == 0 or tokens[earlier[-1]] < tokens[-1] * (1 - 2 * MOVING_TAIL):
             continue  # no curve point in the last two fifths but the end: too coarse to tell
-        i = int(earlier[-1])
+        tail = np.arange(int(earlier[-1]), tokens.size - 1)
+        i = int(tail[np.argmax(np.abs(mean[-1] / mean[tail] - 1))])
         change = float(mean[-1] / mean[i] - 1)
         if abs(change) > min_change:
             out[g] = (change, float(tokens[i]), float(tokens[-1]))
@@ -866,13 +868,22 @@ def cli_store(store: str | None, tracking_uri: str | None = None):
     return Store(uri, source, env if env and source != "MLFLOW_TRACKING_URI" and absolute(env) != uri else "")
 
 
+def outputs_argument(argv: list[str] | None) -> list[str]:
+    """``ccexp.report``'s and ``ccexp.ui``'s arguments with ccexp's own way of naming the outputs folder,
+    ``paths.outputs=<dir>`` (as the run was given it), read as ``--store <dir>`` (the store in it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return [x for a in argv for x in (("--store", a.split("=", 1)[1]) if a.startswith("paths.outputs=") else (a,))]
+
+
 def main(argv: list[str] | None = None) -> None:
     from ccexp.help import plain
 
+    argv = outputs_argument(argv)
     ap = argparse.ArgumentParser(prog="python -m ccexp.report", description=plain(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", default=None,
-                    help="SQLite MLflow store (default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
+                    help="SQLite MLflow store, or the outputs folder that holds it (paths.outputs=<dir> also works; "
+                         "default: MLFLOW_TRACKING_URI when set, else outputs/mlflow.db)")
     ap.add_argument("--tracking-uri", default=None, help="any MLflow tracking URI, a server's too (overrides --store)")
     ap.add_argument("--experiment", default="ccexp")
     ap.add_argument("--parent", default=None, help="a sweep's parent run id (default: the latest sweep)")

@@ -44,9 +44,8 @@ class Packing:
         return out
 
     def describe(self) -> str:
-        where = f"each of {self.gpus} GPU(s)" if self.gpus else "this machine (no GPU)"
-        return (f"packed: {self.runs_per_device} run(s) at once on {where}, {self.jobs} in all, "
-                f"trainer.threads={self.threads} each")
+        where = f"each of {self.gpus} GPU(s) ({self.jobs} at once in all)" if self.gpus else "this machine (no GPU)"
+        return f"packed: up to {self.runs_per_device} job(s) at once on {where}, trainer.threads={self.threads} each"
 
 
 class StoppingTask:

@@ -499,15 +499,21 @@ def sweep_cost(configs: list, earlier: list) -> str:
     """One line: what the sweep about to run costs, before any job starts. ``configs``: each job's composed
     config (skipped duplicates left out); ``earlier``: finished MLflow runs of this store, of which those with the
     jobs' model and accelerator give the throughput (the median ``train/tokens_per_s`` and time outside training).
-    A job whose budget is ``train.passes`` is counted once its corpus is tokenized, so not here."""
+    A job whose budget is ``train.passes`` sets its steps once its corpus is tokenized: with ``train.max_steps`` it is
+    counted at that cap (the line says "at most"), without one it is left out and the line says so."""
     from ccexp.compare.budget import throughput
     from ccexp.tracking.mlflow_run import flatten
 
-    sized = [c for c in configs if c.train.passes is None]
-    tokens = sum(int(c.train.steps) * int(c.train.tokens_per_step) for c in sized)
-    head = f"sweep: {len(configs)} job(s), {tokens / 1e6:,.2f} M training tokens" + (
+    def steps(c) -> int | None:  # the job's steps, or their cap under train.passes; None: known once tokenized
+        return int(c.train.steps) if c.train.passes is None else (
+            int(c.train.max_steps) if c.train.get("max_steps") else None)
+
+    sized = [c for c in configs if steps(c) is not None]
+    capped = any(c.train.passes is not None for c in sized)
+    tokens = sum(steps(c) * int(c.train.tokens_per_step) for c in sized)
+    head = f"sweep: {len(configs)} job(s), {'at most ' if capped else ''}{tokens / 1e6:,.2f} M training tokens" + (
         f" in the {len(sized)} with train.steps (train.passes sets the others' once the corpus is tokenized)"
-        if len(sized) < len(configs) else "")
+        if len(sized) < len(configs) else " (train.passes, capped by train.max_steps)" if capped else "")
     if not sized:
         return (f"sweep: {len(configs)} job(s); their budget is train.passes, which sets the steps once the corpus is "
                 "tokenized: each job's train: line gives its tokens")
@@ -519,8 +525,8 @@ def sweep_cost(configs: list, earlier: list) -> str:
     if not like or rate != rate:
         return head + ("; no earlier run of this model on this device in the store to take a speed from (the first "
                        "job's `done:` line gives it)")
-    hours = sum(int(c.train.steps) * int(c.train.tokens_per_step) / rate + extra for c in sized) / 3600
+    hours = sum(steps(c) * int(c.train.tokens_per_step) / rate + extra for c in sized) / 3600
     unit = "GPU" if device in ("gpu", "cuda") else "CPU"
     return head + (f"; at {rate:,.0f} tokens/s and {extra:.0f} s outside training per run (the median of "
-                   f"{len(like)} earlier run(s) of this model here): about {hours:,.2f} {unit}-hours, one job after "
-                   "another")
+                   f"{len(like)} earlier run(s) of this model here): {'at most' if capped else 'about'} {hours:,.2f} "
+                   f"{unit}-hours, one job after another")
