@@ -884,10 +884,10 @@ def compose(overrides: list[str]):
 def register() -> None:
     import warnings
 
-    # ccexp's hydra/launcher/joblib.yaml takes the name of hydra-joblib-launcher's schema on purpose (the documented
+    # ccexp's hydra/launcher/joblib.yaml (and hydra/sweeper/basic.yaml: Hydra's own) takes the name of a plugin's schema on purpose (the documented
     # `hydra/launcher=joblib` runs ccexp's launcher, with the plugin's settings): Hydra's note that the file is
     # validated against that schema is not the user's to act on
-    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/joblib' is validated against ConfigStore schema")
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher/joblib|sweeper/basic)' is validated against ConfigStore schema")
     cs = ConfigStore.instance()
     cs.store(name="root_schema", node=RootConfig)
     for group, name, node in GROUP_SCHEMAS:  # root-level names, so `--help` lists only the real groups

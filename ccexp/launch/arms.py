@@ -84,8 +84,10 @@ def find_duplicates(config: DictConfig, jobs: list[list[str]]) -> list[dict]:
     quiet, start, said = _Quiet(), time.perf_counter(), time.perf_counter()
     try:
         for num, overrides in enumerate(jobs):
+            if num == 0:
+                quiet.on()
             if num == 1:
-                quiet.on()  # the first job's lines stand for all; later jobs show only what they compute anew
+                quiet.first = False  # the first job's lines stand for all; later jobs show only what they compute anew
             if time.perf_counter() - said > 15:
                 said = time.perf_counter()
                 log.warning("sweep: planned the token streams of %d of %d jobs (%.0f s)", num, len(jobs), said - start)
@@ -125,28 +127,44 @@ def job_config(composed: dict, overrides: list[str], compose) -> DictConfig:
     composition with that override."""
     import copy
 
-    seed = [o.split("=", 1)[1] for o in overrides if o.startswith("seed=")]
-    rest = tuple(o for o in overrides if not o.startswith("seed="))
-    plain = len(seed) == 1 and seed[0].lstrip("-").isdigit()
-    if not plain or rest not in composed:
+    rest = seedless(overrides)
+    if rest is None or rest not in composed:
         cfg = compose(config_name="config", overrides=list(overrides))
-        if plain:
+        if rest is not None:
             composed[rest] = cfg
         return cfg
     cfg = copy.deepcopy(composed[rest])
-    cfg.seed = int(seed[0])
+    cfg.seed = int(next(o for o in overrides if o.startswith("seed=")).split("=", 1)[1])
     return cfg
 
 
+def seedless(overrides: list[str]) -> tuple[str, ...] | None:
+    """A job's overrides without its ``seed=<int>``, when it has exactly one and its value is a plain integer (jobs
+    with equal results compose alike but for the seed); None otherwise (compose that job in full)."""
+    seed = [o.split("=", 1)[1] for o in overrides if o.startswith("seed=")]
+    if len(seed) != 1 or not seed[0].lstrip("-").isdigit():
+        return None
+    return tuple(o for o in overrides if not o.startswith("seed="))
+
+
 class _Quiet(logging.Filter):
-    """While the sweep plans its jobs' streams: the lines that repeat for every job off (a stage read from the cache,
-    the labels, each plan's summary); a stage computed now, a warning and anything else still show."""
+    """While the sweep plans its jobs' streams: after the first job, the lines that repeat for every job off (a stage
+    read from the cache, the labels, each plan's summary), and each warning said once (a stage's warning about the
+    corpus comes with every job that reads the stage); a stage computed now and anything else still show."""
 
     REPEATS = ("plan: ", "labels: ")
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.warned = True, set()
+
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return record.levelno >= logging.WARNING or not ("reused=True" in message or message.startswith(self.REPEATS))
+        if record.levelno >= logging.WARNING:
+            new = message not in self.warned
+            self.warned.add(message)
+            return new
+        return self.first or not ("reused=True" in message or message.startswith(self.REPEATS))
 
     def on(self) -> None:
         log.addFilter(self)

@@ -2,9 +2,11 @@
 waits for every job's end, however it ends ([`ccexp.launch.launcher.EveryJobEnds`][ccexp.launch.launcher.EveryJobEnds]);
 ``hydra/launcher=joblib``: hydra-joblib-launcher's worker processes, whose jobs stop as a single run does on Ctrl-C;
 ``hydra/launcher=packed``: the same, several runs at once on each GPU, or on a machine without one, with the cores
-split between them."""
+split between them; ``hydra/sweeper=basic``: Hydra's basic sweeper, checking that a sweep's jobs compose once per
+configuration rather than once per seed."""
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper as _BasicSweeper
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher as _JoblibLauncher
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
@@ -71,3 +73,24 @@ def visible_gpus() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class BasicSweeper(_BasicSweeper):
+    """``hydra/sweeper=basic`` (Hydra's default sweeper, ccexp's settings file names this class): Hydra's basic
+    sweeper, whose check that every job of a batch composes before the first starts composes one job of those that
+    differ only in ``seed=<int>`` ([`ccexp.launch.arms.seedless`][ccexp.launch.arms.seedless]): an integer seed
+    composes wherever another does, and 1,000 seeds of two samplers were 1,000 compositions (about 0.13 s each
+    on 2 cores) before the first job. Jobs with another or no seed are each composed, as Hydra does."""
+
+    def validate_batch_is_legal(self, batch: Any) -> None:
+        from ccexp.launch.arms import seedless
+
+        seen: set = set()
+        kept = []
+        for overrides in batch:
+            key = seedless(list(overrides))
+            if key is None or key not in seen:
+                kept.append(overrides)
+            if key is not None:
+                seen.add(key)
+        super().validate_batch_is_legal(kept)
