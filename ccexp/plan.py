@@ -532,9 +532,40 @@ def write_plans(plans: list, impossible: list[tuple[str, str]] | None = None):
         lines += [f"| {label} | {name} | {w:.2%} | {t / p.group_tokens.sum():.2%} | {int(t):,} | "
                   f"{int(t) - w * p.group_tokens.sum():+,.0f} |" for label, p in sourced
                   for name, t, w in zip(p.group_names, p.group_tokens, p.group_targets)]
+    lines += documents_not_tokens(plans)
     lines += ["", "![plan](plan.png)", "", "Per cluster: clusters.csv; over time: history.csv."]
     (out / "plan.md").write_text("\n".join(lines) + "\n")
     log_plans(plans, out, [out / "plan.md", out / "clusters.csv", out / "history.csv", png])
+    return out
+
+
+def documents_not_tokens(plans: list) -> list[str]:
+    """A paragraph for each variant that draws clusters more evenly by *documents* than the corpus holds them but
+    trains on a token mix *less* even than the corpus's own (what random sampling gives): on a corpus whose
+    clusters' documents differ in length, equal documents are unequal tokens (uniform and ClusterClip balance
+    documents). It says so and names the policy that budgets tokens per cluster (UniMax, Chung et al. 2023).
+    Evenness is the KL divergence to the uniform mix over the clusters that have documents; [] when no variant
+    is so, or the plan has no corpus token counts."""
+    import numpy as np
+
+    def uneven(counts) -> float:  # KL(counts' mix || uniform over the non-empty clusters), nats
+        q = np.asarray(counts, dtype=np.float64)
+        q = q[q > 0] / q.sum()
+        return float((q * np.log(q * q.size)).sum())
+
+    out = []
+    for label, _, p in plans:
+        if p.corpus_tokens is None or p.tokens.sum() == 0:
+            continue
+        drawn, held = uneven(p.documents), uneven(p.sizes)
+        trained, corpus = uneven(p.tokens), uneven(p.corpus_tokens)
+        if drawn < held and trained > corpus:
+            out += ["", f"{label}: drew clusters more evenly by documents than the corpus holds them (KL to uniform "
+                    f"{drawn:.3f} against {held:.3f}) but trained on tokens less evenly than the corpus's own mix, "
+                    f"what random sampling gives ({trained:.3f} against {corpus:.3f}): this corpus's clusters differ "
+                    "in document length, so equal documents are unequal tokens. To balance the tokens each cluster "
+                    "gets, `sampler=unimax` budgets tokens per cluster (UniMax, Chung et al. 2023); clusters.csv "
+                    "has each cluster's tokens and documents."]
     return out
 
 

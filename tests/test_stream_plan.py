@@ -96,3 +96,31 @@ def test_a_plan_of_several_samplers_says_each_stage_line_once(tmp_path, small_co
     said = [r.getMessage() for r in caplog.records if r.name == "ccexp"]
     assert [m.split(",")[0] for m in said if m.startswith("plan: ")] == ["plan: random", "plan: uniform"]
     assert sum("reused=" in m for m in said) == 4 and len(said) == len(set(said))  # corpus, tokenize, embed, cluster
+
+
+def test_a_document_balanced_policy_whose_tokens_end_less_balanced_than_randoms_is_explained():
+    """Issue 44: on a corpus of long documents in a few clusters, uniform gave more token imbalance than random and
+    nothing said why; the plan now says that the policy balanced documents, not tokens, and names UniMax."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ccexp.plan import documents_not_tokens
+
+    # two clusters of 100 documents each; cluster 0's documents are 10x as long (the corpus: 10:1 in tokens)
+    sizes, corpus_tokens = np.array([100, 100]), np.array([10_000, 1_000])
+
+    def plan(label, documents, tokens):
+        return (label, None, SimpleNamespace(documents=np.array(documents), tokens=np.array(tokens), sizes=sizes,
+                                             corpus_tokens=corpus_tokens))
+
+    even_documents = plan("uniform", [50, 50], [5_000, 500])  # equal documents: as uneven in tokens as the corpus
+    assert documents_not_tokens([even_documents]) == []
+    skewed = plan("uniform", [40, 60], [8_000, 600])  # documents drawn less evenly than the corpus holds them
+    assert documents_not_tokens([skewed]) == []
+    sizes = np.array([300, 100])  # now the corpus holds 3x the documents in cluster 0, each 10/3x as long
+    balanced_docs = plan("uniform", [50, 50], [16_000, 500])  # even documents, tokens 32:1 against 10:1
+    note = documents_not_tokens([balanced_docs])
+    assert len(note) == 2 and note[1].startswith("uniform: drew clusters more evenly by documents than the corpus")
+    assert "sampler=unimax" in note[1] and "unequal tokens" in note[1]
+    assert documents_not_tokens([plan("unimax", [50, 50], [5_500, 5_500])]) == []  # even tokens: nothing to say
