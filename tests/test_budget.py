@@ -149,8 +149,8 @@ def test_the_sweep_cost_comes_from_earlier_runs_of_the_same_model_on_the_same_de
     line = sweep_cost(configs, earlier)
     hours = (tokens / 2000.0 + 2 * 10.0) / 3600
     assert line == (f"sweep: 2 job(s), {tokens / 1e6:,.2f} M training tokens; at 2,000 tokens/s and 10 s outside "
-                    f"training per run (the median of 2 earlier run(s) of this model here): about {hours:,.2f} "
-                    "CPU-hours, one job after another")
+                    f"training per run (the median of 2 earlier run(s) of this model here): about {hours * 3600:,.0f} "
+                    "CPU-seconds, one job after another")
     assert "no earlier run of this model on this device" in sweep_cost(configs, earlier[2:])
     # a budget in passes is known once the corpus is tokenized; its train.max_steps caps it before that
     passes = [compose(["debug=tiny", "train.passes=1", f"train.max_steps={s}"]) for s in (10, 20)]
@@ -158,7 +158,7 @@ def test_the_sweep_cost_comes_from_earlier_runs_of_the_same_model_on_the_same_de
     assert sweep_cost(passes, earlier) == (
         f"sweep: 2 job(s), at most {tokens / 1e6:,.2f} M training tokens (train.passes, capped by train.max_steps); at "
         f"2,000 tokens/s and 10 s outside training per run (the median of 2 earlier run(s) of this model here): at "
-        f"most {hours:,.2f} CPU-hours, one job after another")
+        f"most {hours * 3600:,.0f} CPU-seconds, one job after another")
     uncapped = compose(["debug=tiny", "train.passes=1", "train.max_steps=null"])
     assert "train.passes sets the others' once the corpus is tokenized" in sweep_cost([configs[0], uncapped], earlier)
 

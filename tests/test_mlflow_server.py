@@ -296,11 +296,11 @@ def test_a_parallel_sweep_has_one_parent_and_its_children_on_the_server_and_repo
     assert ui.returncode == 0, ui.stderr[-3000:]
     lines = ui.stdout.splitlines()
     key = f"ccexp-{parent.info.run_id[:12]}"
-    assert lines[1] == (f"{server.uri}/#/experiments/{parent.info.experiment_id}/runs?viewStateShareKey={key}"
-                        "&workflowType=machine_learning")
-    assert lines[3] == (f"{server.uri}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}"
+    view = f"{server.uri}/#/experiments/{parent.info.experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
+    assert lines[1] == view + "&compareRunsMode=CHART" and lines[3] == view  # the charts (verdicts), then the table
+    assert lines[5] == (f"{server.uri}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}"
                         "?workflowType=machine_learning")  # the sweep's parent run, on the server too
-    documented(lines[4], "ccexp.ui: the view is in the tracking server's own UI")
+    documented(lines[6], "ccexp.ui: the view is in the tracking server's own UI")
     assert "<html" in urllib.request.urlopen(lines[1].split("#")[0], timeout=30).read().decode().lower()
     got = json.load(urllib.request.urlopen(f"{server.uri}/ajax-api/2.0/mlflow/experiments/get?experiment_id="
                                            f"{parent.info.experiment_id}", timeout=30))

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from ccexp.compare.report import Comparison
+from ccexp.compare.budget import device_time
 from ccexp.compare.verdict import verdict_lines
 
 
@@ -153,7 +154,7 @@ def test_the_command_that_adds_seeds_states_its_cost_and_a_much_cheaper_metric_i
     assert " -m ccexp -m hydra/launcher=packed 'seed=range(0," in command
     more = 2 * (c.wanted - 2)  # two runs (random, uniform) per new seed
     hours = more * (4096 / 1000 + 6) / 3600
-    cost = (f"{more:,} more run(s) of 4,096 tokens: about {hours:,.1f} CPU-hours one after another (this sweep's "
+    cost = (f"{more:,} more run(s) of 4,096 tokens: about {device_time(hours)} one after another (this sweep's "
             "median 1,000 tokens/s and 6 s outside training per run)")
     assert c.extension_cost() == cost
     lines = verdict_lines(c, rows, command)
@@ -212,3 +213,23 @@ def test_each_sampler_gets_its_verdict_in_one_line_and_the_per_run_differences_a
     assert sum(mine) / 3 == pytest.approx(100 * d["mean"] / d["baseline_mean"], abs=0.01)
     assert sum(mine) / 3 != pytest.approx(100 * sum((90 + 11 * s) / (100 + 10 * s) - 1 for s in range(3)) / 3, abs=0.01)
     assert {values[f"r{i}"]["macro vs random pct ci"] for i in range(3, 6)} == {round(100 * d["half"] / d["baseline_mean"], 2)}
+
+
+def test_compute_time_is_said_in_the_unit_that_reads_it():
+    """A 33-run extension of 115 s read "about 0.0 CPU-hours" (a new user's try, 2026-12-07)."""
+    assert device_time(115 / 3600) == "2 CPU-minutes" and device_time(40 / 3600, "GPU") == "40 GPU-seconds"
+    assert device_time(84.6) == "84.6 CPU-hours" and device_time(1.0) == "1.0 CPU-hours"
+
+
+def test_an_unresolved_difference_whose_seed_estimate_is_already_met_says_more_seeds_not_a_number_already_run():
+    """'unresolved ... (n=2); about 2 seeds would resolve it' read as a contradiction (a new user's try): when the
+    estimate is no more than the seeds run, the line says these seeds did not resolve it and more decide it."""
+    runs = [run("random", s, {"eval/ppl_macro": 100.0 + [0.0, 3.0][s]}) for s in range(2)]
+    runs += [run("uniform", s, {"eval/ppl_macro": [110.0, 115.83][s]}) for s in range(2)]  # 10 and 12.83
+    c = comparison(runs)
+    rows, command = c.verdict()
+    (row,) = [r for r in rows if r.metric == "eval/ppl_macro"]
+    assert row.verdict == "unresolved" and row.seeds_observed <= row.n == 2
+    line = next(ln for ln in verdict_lines(c, rows, command) if ln.strip().startswith("uniform:"))
+    assert "not resolved by these 2 seeds" in line and "more seeds decide it" in line
+    assert "seeds would resolve it" not in line

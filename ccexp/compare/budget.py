@@ -160,6 +160,16 @@ def budget_points(groups: dict[str, list], baseline: str, metric: str) -> list[P
 STAGE_PHASES = ("time/phase_embed_seconds", "time/phase_corpus_tokenize_seconds")  # cached after a sweep's first job
 
 
+def device_time(hours: float, unit: str = "CPU") -> str:
+    """A duration of compute as a person reads it: ``84.6 CPU-hours`` from an hour on, ``12 CPU-minutes`` from a
+    minute, else ``40 CPU-seconds`` (``unit``: CPU or GPU). A sweep's cost of 115 s read "0.0 CPU-hours"."""
+    if hours >= 1:
+        return f"{hours:,.1f} {unit}-hours"
+    if hours * 60 >= 1:
+        return f"{hours * 60:,.0f} {unit}-minutes"
+    return f"{hours * 3600:,.0f} {unit}-seconds"
+
+
 def throughput(runs: list) -> tuple[float, float]:
     """(training tokens per second, seconds per run outside training): medians over ``runs``' own
     ``train/tokens_per_s`` and ``time/total_seconds − time/train_seconds`` less the stages a sweep computes once

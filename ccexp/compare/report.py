@@ -301,7 +301,7 @@ class Comparison:
         """What the extension command ([`verdict`][ccexp.compare.report.Comparison.verdict]) costs, from this sweep's
         own runs: "1,912 more runs of 24,576 tokens: about 84.6 CPU-hours one after another (this sweep's median
         9,733 tokens/s and 5 s outside training per run)"; None without an extension or a measured speed."""
-        from ccexp.compare.budget import throughput
+        from ccexp.compare.budget import device_time, throughput
 
         runs = [r for rs in self.groups.values() for r in rs]
         seeds = {s for g in self.groups for s in self.seeds(g)}
@@ -314,7 +314,7 @@ class Comparison:
             return None
         gpu = any(str(r.data.params.get("trainer.accelerator", "cpu")) in ("gpu", "cuda") for r in runs)
         hours = jobs * (tokens / rate + extra) / 3600
-        return (f"{jobs:,} more run(s) of {tokens:,.0f} tokens: about {hours:,.1f} {'GPU' if gpu else 'CPU'}-hours one "
+        return (f"{jobs:,} more run(s) of {tokens:,.0f} tokens: about {device_time(hours, 'GPU' if gpu else 'CPU')} one "
                 f"after another (this sweep's median {rate:,.0f} tokens/s and {extra:.0f} s outside training per run)")
 
     def markdown(self) -> str:

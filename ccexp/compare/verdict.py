@@ -313,8 +313,11 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
     seeds = max(r.n for r in primary)
     out = [f"verdict against {comparison.baseline} on {name} ({seeds} paired seed(s)):"]
     for r in primary:
-        need = "" if r.verdict in ("better", "worse", "identical stream") else \
-            f"; about {_seeds(r.seeds_observed)} seeds would resolve it" if r.seeds_observed else ""
+        need = "" if r.verdict in ("better", "worse", "identical stream") or not r.seeds_observed else \
+            f"; about {_seeds(r.seeds_observed)} seeds would resolve it" if r.seeds_observed > r.n else \
+            (f"; not resolved by these {r.n} seeds, though a difference this size is resolved by about "
+             f"{_seeds(r.seeds_observed)} in {comparison.power:.0%} of sweeps (noise measured on few seeds is rough): "
+             "more seeds decide it")
         out.append(f"  {r.sampler}: {r.verdict}, {_diff(r)}{need}")
     moving = getattr(comparison, "moving", {})
     if moving:

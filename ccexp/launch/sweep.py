@@ -501,7 +501,7 @@ def sweep_cost(configs: list, earlier: list) -> str:
     jobs' model and accelerator give the throughput (the median ``train/tokens_per_s`` and time outside training).
     A job whose budget is ``train.passes`` sets its steps once its corpus is tokenized: with ``train.max_steps`` it is
     counted at that cap (the line says "at most"), without one it is left out and the line says so."""
-    from ccexp.compare.budget import throughput
+    from ccexp.compare.budget import device_time, throughput
     from ccexp.tracking.mlflow_run import flatten
 
     def steps(c) -> int | None:  # the job's steps, or their cap under train.passes; None: known once tokenized
@@ -528,5 +528,5 @@ def sweep_cost(configs: list, earlier: list) -> str:
     hours = sum(steps(c) * int(c.train.tokens_per_step) / rate + extra for c in sized) / 3600
     unit = "GPU" if device in ("gpu", "cuda") else "CPU"
     return head + (f"; at {rate:,.0f} tokens/s and {extra:.0f} s outside training per run (the median of "
-                   f"{len(like)} earlier run(s) of this model here): {'at most' if capped else 'about'} {hours:,.2f} "
-                   f"{unit}-hours, one job after another")
+                   f"{len(like)} earlier run(s) of this model here): {'at most' if capped else 'about'} "
+                   f"{device_time(hours, unit)}, one job after another")
