@@ -544,19 +544,19 @@ def documents_not_tokens(plans: list) -> list[str]:
     trains on a token mix *less* even than the corpus's own (what random sampling gives): on a corpus whose
     clusters' documents differ in length, equal documents are unequal tokens (uniform and ClusterClip balance
     documents). It says so and names the policy that budgets tokens per cluster (UniMax, Chung et al. 2023).
-    Evenness is the KL divergence to the uniform mix over the clusters that have documents; [] when no variant
-    is so, or the plan has no corpus token counts."""
-    import numpy as np
-
-    def uneven(counts) -> float:  # KL(counts' mix || uniform over the non-empty clusters), nats
-        q = np.asarray(counts, dtype=np.float64)
-        q = q[q > 0] / q.sum()
-        return float((q * np.log(q * q.size)).sum())
+    Evenness is the KL divergence to the uniform mix over the clusters that have documents, as the plan table's
+    column ([`mix_statistics`][ccexp.sampling.base.mix_statistics]); [] when no variant is so, or the plan has no
+    corpus token counts."""
+    from ccexp.sampling.base import mix_statistics
 
     out = []
     for label, _, p in plans:
         if p.corpus_tokens is None or p.tokens.sum() == 0:
             continue
+
+        def uneven(counts) -> float:  # KL(counts' mix || uniform over the clusters with documents), nats
+            return mix_statistics(counts, p.sizes)["kl_to_uniform"]
+
         drawn, held = uneven(p.documents), uneven(p.sizes)
         trained, corpus = uneven(p.tokens), uneven(p.corpus_tokens)
         if drawn < held and trained > corpus:

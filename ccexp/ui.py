@@ -232,10 +232,11 @@ def print_addresses(args: argparse.Namespace, store, experiment_id: str, key: st
     verdict (each legend entry names one), the view as a table, and the sweep's parent run."""
     from ccexp.tracking.store import read_store
 
-    parent = args.parent or _latest_sweep(read_store(store.uri), args.experiment)
+    client = read_store(store.uri)
+    parent = args.parent or _latest_sweep(client, args.experiment)
     whose = "the sweep's runs" if parent else f"the runs of experiment {args.experiment!r}"
     base = store.uri if store.is_server else None
-    if grouped_by_verdict(read_store(store.uri), experiment_id, key):
+    if grouped_by_verdict(client, experiment_id, key):
         print(f"ccexp.ui: {whose}, a bar per sampler; each chart's legend names its sampler's verdict:", flush=True)
         print(view_address(args.host, args.port, experiment_id, key, base, chart=True), flush=True)
     print(f"ccexp.ui: {whose} by sampler, columns {', '.join(metrics) or '(no held-out metric yet)'}:",

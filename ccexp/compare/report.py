@@ -740,14 +740,15 @@ def headline_differences(comparison: "Comparison") -> dict[str, dict[str, float]
             if not d["baseline_mean"]:
                 continue
             diff = dict(zip(d["seeds"], d["diffs"]))
-            for r in comparison.groups.get(g, []) + comparison.groups.get(comparison.baseline, []):
-                seed = r.data.params.get("seed", "?")
-                if seed in diff:
+            for r in comparison.groups[g]:
+                if (seed := r.data.params.get("seed", "?")) in diff:
                     mine = out.setdefault(r.info.run_id, {})
-                    mine[key] = 0.0 if r in comparison.groups[comparison.baseline] else \
-                        round(100.0 * diff[seed] / d["baseline_mean"], 2)
-                    if not math.isnan(d["half"]) and r in comparison.groups[g]:
+                    mine[key] = round(100.0 * diff[seed] / d["baseline_mean"], 2)
+                    if not math.isnan(d["half"]):
                         mine[f"{key} ci"] = round(100.0 * d["half"] / d["baseline_mean"], 2)
+            for r in comparison.groups[comparison.baseline]:  # the baseline's own runs of the paired seeds
+                if r.data.params.get("seed", "?") in diff:
+                    out.setdefault(r.info.run_id, {})[key] = 0.0
     return out
 
 

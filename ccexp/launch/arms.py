@@ -155,15 +155,15 @@ class _Quiet(logging.Filter):
     REPEATS = ("plan: ", "labels: ")
 
     def __init__(self) -> None:
+        from ccexp.plan import SaidOnce
+
         super().__init__()
-        self.first, self.warned = True, set()
+        self.first, self.warned = True, SaidOnce()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
         if record.levelno >= logging.WARNING:
-            new = message not in self.warned
-            self.warned.add(message)
-            return new
+            return self.warned.filter(record)
+        message = record.getMessage()
         return self.first or not ("reused=True" in message or message.startswith(self.REPEATS))
 
     def on(self) -> None:
