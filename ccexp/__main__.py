@@ -286,4 +286,6 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    cli()
+    from ccexp.runtime import run_command
+
+    run_command(cli)

@@ -52,4 +52,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from ccexp.runtime import run_command
+
+    run_command(main)

@@ -639,4 +639,6 @@ def log_plans(plans: list, out, files: list) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ccexp.runtime import run_command
+
+    run_command(main)

@@ -2,4 +2,6 @@
 from ccexp.compare.report import main
 
 if __name__ == "__main__":
-    main()
+    from ccexp.runtime import run_command
+
+    run_command(main)

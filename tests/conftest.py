@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from warm import python_m
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -74,10 +76,10 @@ def small_corpus(tmp_path_factory, builtin_records) -> Path:
 
 def run_ccexp(*args: str, cwd: Path, timeout: int = 600, env: dict[str, str | None] | None = None) \
         -> subprocess.CompletedProcess:
-    """Run ``python -m ccexp`` as a user would, in ``cwd``; ``env`` sets variables (None removes one)."""
+    """Run ``python -m ccexp`` as a user would, in ``cwd``; ``env`` sets variables (None removes one). A process of
+    its own, started warm where the environment allows (tests/warm.py)."""
     env = {k: v for k, v in {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}.items() if v is not None}
-    return subprocess.run([sys.executable, "-m", "ccexp", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return python_m("ccexp", *args, cwd=cwd, env=env, timeout=timeout)
 
 
 NO_SLURM = "no Slurm cluster: start one with scripts/slurm_local.sh start, then export SLURM_CONF=/tmp/ccexp-slurm/slurm.conf"

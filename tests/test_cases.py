@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
+from warm import python_m
 from conftest import ROOT, run_ccexp
 
 CASES = Path(__file__).parent / "cases"
@@ -277,8 +278,7 @@ def test_c13_a_requeued_sweep_job_continues_from_its_own_checkpoint_as_if_never_
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err[-2000:]
-    again = subprocess.run([sys.executable, "-m", "ccexp", *args, f"paths.outputs={out}"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=600)
+    again = python_m("ccexp", *args, f"paths.outputs={out}", cwd=tmp_path, env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     log = again.stdout + again.stderr
     assert "resume: train.resume_from=auto is" in log and "starting fresh" not in log
@@ -358,9 +358,8 @@ def test_c15_a_full_disk_is_one_line_naming_the_folder_and_leaves_nothing_half_w
 
 
 def test_c16_a_plan_with_more_clusters_than_documents_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "plan.source=synthetic", "plan.clusters=100",
-                           "plan.documents=10", "train.steps=10", "logger=none", f"paths.outputs={tmp_path}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = python_m("ccexp.plan", "plan.source=synthetic", "plan.clusters=100", "plan.documents=10", "train.steps=10",
+                    "logger=none", f"paths.outputs={tmp_path}", cwd=tmp_path, timeout=300)
     line = one_line(proc, 2)
     assert "plan.clusters=100 is more than plan.documents=10" in line
     # the same kind for a real corpus: before any embedding

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ccexp.errors import CcexpError
+from warm import python_m
 from test_cases import CASES, ccexp, one_line
 
 CORPUS = "round4.jsonl"
@@ -262,14 +263,10 @@ def test_c19_a_damaged_store_that_may_hold_runs_is_refused_in_one_line_and_left_
 
 @pytest.mark.parametrize("tool", ["ccexp.report", "ccexp.ui"])
 def test_c19_the_readers_of_a_damaged_store_say_so_in_one_line(tmp_path, tool):
-    import subprocess
-    import sys
-
     db = tmp_path / "mlflow.db"
     before = _damaged_store(db)
-    proc = subprocess.run([sys.executable, "-m", tool, "--store", str(db)] + (["--no-server"] if tool == "ccexp.ui"
-                                                                              else []),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = python_m(tool, "--store", str(db), *(["--no-server"] if tool == "ccexp.ui" else []), cwd=tmp_path,
+                    timeout=300)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{tool}: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "cannot be opened (" in errors[0] and "may hold runs" in errors[0]
@@ -465,9 +462,8 @@ def test_a_plan_checks_every_value_before_any_stage(tmp_path):
 
     from test_cases import TINY
 
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", *TINY, f"data.path={CASES / CORPUS}", "logger=none",
-                           f"paths.outputs={tmp_path / 'out'}", "sampler=random,nope"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = python_m("ccexp.plan", *TINY, f"data.path={CASES / CORPUS}", "logger=none",
+                    f"paths.outputs={tmp_path / 'out'}", "sampler=random,nope", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "the sweep's value sampler=nope is not an option" in proc.stderr
     assert not (tmp_path / "out" / "cache").exists()  # nothing embedded before it was found

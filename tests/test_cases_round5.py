@@ -18,6 +18,7 @@ import pytest
 
 from ccexp.errors import CcexpError
 from ccexp.names import RunIdentity
+from warm import python_m
 from conftest import ROOT, run_ccexp
 from test_cases import CASES, one_line, runs
 
@@ -201,8 +202,7 @@ def test_c35_a_uri_without_its_scheme_stops_the_run_and_deliver_before_any_work(
 
     c = MlflowClient(f"sqlite:///{store}/mlflow.db")
     c.create_run(c.create_experiment("ccexp"), run_name="r", tags={"ccexp.server_uri": "http://127.0.0.1:5000"})
-    deliver = subprocess.run([sys.executable, "-m", "ccexp.deliver", str(store), "--tracking-uri", "127.0.0.1:5000"],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    deliver = python_m("ccexp.deliver", str(store), "--tracking-uri", "127.0.0.1:5000", timeout=120, cwd=tmp_path)
     assert deliver.returncode == 2 and "Traceback" not in deliver.stderr, deliver.stderr[-2000:]
     assert deliver.stderr.strip().endswith("--tracking-uri='127.0.0.1:5000' is not a tracking URI MLflow can use "
                                            "(without a scheme it is read as a file path; did you mean "
@@ -281,8 +281,7 @@ def test_c37_report_and_ui_arguments_that_name_nothing_here_are_one_line(tmp_pat
                                                "resolve"),
     ]
     for entry, args, message in cases:
-        proc = subprocess.run([sys.executable, "-m", f"ccexp.{entry}", "--store", str(store), *args],
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        proc = python_m(f"ccexp.{entry}", "--store", str(store), *args, timeout=120, cwd=tmp_path)
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"ccexp.{entry}: error:")]
         assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
         assert message in errors[0], (args, errors[0])
@@ -391,9 +390,8 @@ def test_c40_a_json_weights_file_with_a_repeated_cluster_is_refused_before_any_s
 def test_c41_the_plan_of_a_learned_mixture_says_what_it_cannot_do_and_the_sweep_check_skips_it(tmp_path, caplog):
     from ccexp.launch.arms import find_duplicates
 
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", *small(tmp_path, "round4.jsonl", "train.steps=6"),
-                           "logger=none", "sampler=doremi_mixture"], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    proc = python_m("ccexp.plan", *small(tmp_path, "round4.jsonl", "train.steps=6"), "logger=none",
+                    "sampler=doremi_mixture", timeout=300, cwd=tmp_path)
     assert one_line(proc, 2) == ("ccexp: error: sampler.weights=doremi is learned by a training run's proxy stage "
                                  "(python -m ccexp: DoReMi's proxy run first); here give a list, a .csv or .json "
                                  "file, or the folder of the run that trained on them")
@@ -499,9 +497,8 @@ def test_c36_deliver_refuses_a_damaged_store_the_store_itself_and_an_empty_name_
         deliver_store(cut, f"sqlite:///{tmp_path / 'target.db'}")
     for arg, message in ((str(store / "mlflow.db"), "deliver: run clusterclip-k4-s0-abcd"),
                          ("", "the store is an empty string")):
-        proc = subprocess.run([sys.executable, "-m", "ccexp.deliver", arg, "--tracking-uri",
-                               f"sqlite:///{tmp_path / 'target2.db'}"], capture_output=True, text=True, timeout=120,
-                              cwd=tmp_path)
+        proc = python_m("ccexp.deliver", arg, "--tracking-uri", f"sqlite:///{tmp_path / 'target2.db'}", timeout=120,
+                        cwd=tmp_path)
         assert message in proc.stdout + proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
@@ -572,9 +569,8 @@ def test_c40_doremi_with_losses_of_its_own_plans_and_trains(tmp_path):
     """A valid losses file for K = 4 was refused by the one-cluster stand-in of the budget check."""
     losses = tmp_path / "rl.json"
     losses.write_text("[1.5, 2, 3, 2.5]")
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", *small(tmp_path, "round4.jsonl", "train.steps=4"),
-                           "logger=none", "sampler=doremi", f"sampler.reference_losses={losses}"], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    proc = python_m("ccexp.plan", *small(tmp_path, "round4.jsonl", "train.steps=4"), "logger=none", "sampler=doremi",
+                    f"sampler.reference_losses={losses}", timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

@@ -14,6 +14,7 @@ import pytest
 from ccexp.data.corpus import CorpusReader
 from ccexp.data.sources import SOURCE_FIELD, source_batches, source_mix, source_names, source_weights
 from ccexp.errors import CcexpError
+from warm import python_m
 from conftest import run_ccexp
 from test_cases import CASES, TINY
 
@@ -93,8 +94,7 @@ def test_target_token_shares_hold_to_the_token_in_a_plan_and_a_run_reports_per_s
     common = [*TINY, "data=sources", f"data.sources=[{{path: {a}, weight: 0.7}}, {{path: {b}, weight: 0.3}}]",
               "data.label_fields=[source,domain]", f"paths.outputs={tmp_path / 'out'}", "sampler=clusterclip",
               "sampler.on_exhausted=reset", "train.steps=30", "eval.every_n_steps=null"]
-    plan = subprocess.run([sys.executable, "-m", "ccexp.plan", *common], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=900)
+    plan = python_m("ccexp.plan", *common, cwd=tmp_path, timeout=900)
     assert plan.returncode == 0, plan.stderr[-3000:]
     (folder,) = (tmp_path / "out").glob("plans/*/*")
     rows = re.findall(r"\| \S+ \| (news|other) \| ([\d.]+)% \| ([\d.]+)% \| ([\d,]+) \| ([+-][\d,]+) \|",

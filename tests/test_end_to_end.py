@@ -9,6 +9,7 @@ import re
 import pytest
 from mlflow import MlflowClient
 
+from warm import python_m
 from conftest import run_ccexp
 
 TINY = ["data=jsonl", "data.label_fields=[domain]", "data.heldout_fraction=0.2", "clusterer.k=4", "train.steps=6", "train.tokens_per_step=512",
@@ -156,8 +157,7 @@ def test_comparison_report_gives_mean_and_95_ci_over_seeds(sweep, tmp_path):
     from scipy import stats
 
     out, _ = sweep
-    proc = subprocess.run([sys.executable, "-m", "ccexp.report", "--store", str(out / "mlflow.db"), "--out",
-                           str(tmp_path / "rep")], capture_output=True, text=True)
+    proc = python_m("ccexp.report", "--store", str(out / "mlflow.db"), "--out", str(tmp_path / "rep"))
     assert proc.returncode == 0, proc.stderr
     rows = {(r["metric"], r["sampler"]): r for r in csv.DictReader(open(tmp_path / "rep" / "comparison.csv"))}
     _, rs = runs(out)
@@ -178,8 +178,8 @@ def test_comparison_report_gives_mean_and_95_ci_over_seeds(sweep, tmp_path):
     assert float(row["ci95_half_width"]) == pytest.approx(stats.t.ppf(0.975, 1) * abs(diffs[0] - diffs[1]) / 2)
     assert row["significant"] == str(int(abs(sum(diffs) / 2) > float(row["ci95_half_width"])))
     assert "## Paired differences against random" in report
-    proc = subprocess.run([sys.executable, "-m", "ccexp.report", "--store", str(out / "mlflow.db"), "--baseline",
-                           "nope", "--out", str(tmp_path / "rep2")], capture_output=True, text=True)
+    proc = python_m("ccexp.report", "--store", str(out / "mlflow.db"), "--baseline", "nope", "--out",
+                    str(tmp_path / "rep2"))
     assert proc.returncode == 2 and "--baseline 'nope' has no finished run" in proc.stderr
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ccexp.errors import CcexpError
+from warm import python_m
 from conftest import ROOT, run_ccexp
 from test_cases import CASES, TINY
 from test_config_and_cli import one_error_line
@@ -88,8 +89,7 @@ def test_a_budget_the_data_cannot_supply_is_refused_before_the_embed_stage(tmp_p
 def test_a_plan_writes_the_variants_that_can_run_and_marks_the_ones_that_cannot(tmp_path):
     args = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={tmp_path}", "sampler=random,clusterclip_m2",
             "train.steps=5000", "embedder.shard_size=50"]
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+    proc = python_m("ccexp.plan", *args, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 of 2 variants cannot run" in proc.stdout
     (folder,) = tmp_path.glob("plans/*/*")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from warm import python_m
 from helpers import requires_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,14 +144,12 @@ def test_gpu_fsdp_two_steps_write_a_sharded_checkpoint_and_resume(tmp_path):
               "train.log_every_n_steps=1", "train.checkpoint_every_n_steps=1", f"paths.cache={tmp_path / 'cache'}",
               f"paths.outputs={tmp_path / 'out'}"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    full = subprocess.run([sys.executable, "-m", "ccexp", *common, f"hydra.run.dir={tmp_path / 'full'}"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    full = python_m("ccexp", *common, f"hydra.run.dir={tmp_path / 'full'}", cwd=ROOT, env=env, timeout=600)
     assert full.returncode == 0, full.stderr[-3000:]
     ckpt = tmp_path / "full" / "checkpoints" / "step-1.ckpt"
     assert ckpt.is_dir() and (ckpt / "meta.pt").is_file()  # sharded: a folder
-    resumed = subprocess.run([sys.executable, "-m", "ccexp", *common, f"hydra.run.dir={tmp_path / 'resumed'}",
-                              f"train.resume_from={ckpt}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600)
+    resumed = python_m("ccexp", *common, f"hydra.run.dir={tmp_path / 'resumed'}", f"train.resume_from={ckpt}",
+                       cwd=ROOT, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     g = gpu_check()
     a, b = (g.steps_of(p.stdout + p.stderr) for p in (full, resumed))

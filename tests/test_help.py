@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from warm import python_m
 from conftest import ROOT
 
 # (arguments, what the page must list: the entry point's own settings)
@@ -31,7 +32,7 @@ CALLS = [
 
 
 def call(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return python_m(*args, cwd=ROOT, timeout=300)
 
 
 @pytest.mark.parametrize("args,listed", CALLS, ids=[" ".join(a) for a, _ in CALLS])

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from warm import python_m
 from conftest import ROOT
 
 CASES = Path(__file__).parent / "cases"
@@ -109,12 +110,11 @@ def ccexp(out: Path, *args: str, env: dict | None = None, cache: Path | None = N
                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if popen.pop("background", False):
         return subprocess.Popen(cmd, **kwargs)
-    return subprocess.run(cmd, timeout=900, **kwargs)
+    return python_m(*cmd[2:], cwd=kwargs["cwd"], env=kwargs["env"], timeout=900, merge=True)
 
 
 def tool(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+    return python_m(module, *args, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
 
 
 def messages(text: str) -> list[str]:
@@ -250,10 +250,9 @@ def test_a_run_with_MLFLOW_TRACKING_URI_has_every_param_metric_and_artifact_on_t
 
 
 def test_ccexp_plan_logs_to_the_server_MLFLOW_TRACKING_URI_names(server, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "plan.source=synthetic", "plan.clusters=4",
-                           "plan.documents=40", "train.steps=10", f"paths.outputs={tmp_path / 'out'}"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "MLFLOW_TRACKING_URI": server.uri})
+    proc = python_m("ccexp.plan", "plan.source=synthetic", "plan.clusters=4", "plan.documents=40", "train.steps=10",
+                    f"paths.outputs={tmp_path / 'out'}", timeout=600, cwd=tmp_path,
+                    env={**os.environ, "MLFLOW_TRACKING_URI": server.uri})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert messages(proc.stderr)[0] == f"mlflow: tracking store {server.uri} (from MLFLOW_TRACKING_URI)"
     client = MlflowClient(server.uri)

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ccexp.errors import CcexpError
+from warm import python_m
 from conftest import ROOT, run_ccexp
 from test_config_and_cli import compose_cfg
 
@@ -130,9 +132,9 @@ def test_a_slurm_sweep_off_slurm_is_refused_in_one_line_and_leaves_no_open_paren
     import sys
 
     (tmp_path / "bin").mkdir()  # a PATH without sbatch, on a machine with Slurm installed too (CI installs it)
-    proc = subprocess.run([sys.executable, "-m", "ccexp", "-m", "hydra/launcher=slurm", "sampler=random,uniform",
-                           f"paths.outputs={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PATH": str(tmp_path / "bin"), "PYTHONWARNINGS": "ignore"})
+    proc = python_m("ccexp", "-m", "hydra/launcher=slurm", "sampler=random,uniform",
+                    f"paths.outputs={tmp_path / 'out'}", cwd=tmp_path, timeout=300,
+                    env={**os.environ, "PATH": str(tmp_path / "bin"), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("ccexp: error: hydra/launcher=slurm submits jobs with sbatch")
 
@@ -289,18 +291,16 @@ def test_plan_cli_prints_the_table(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "model", "+recipe=mistral_7b", "--gpu-gb", "80"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = python_m("ccexp.plan", "model", "+recipe=mistral_7b", "--gpu-gb", "80", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"parameters\s+7\.24 B", proc.stdout) and "per-GPU memory (GiB)" in proc.stdout
     assert "verdict             fits" in proc.stdout
     # a script can test the verdict: exit 1 when it does not fit, with advice that is not already in use
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "model", "+recipe=llama2_7b", "--gpu-gb", "40",
-                           "trainer.devices=1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = python_m("ccexp.plan", "model", "+recipe=llama2_7b", "--gpu-gb", "40", "trainer.devices=1", cwd=tmp_path,
+                    timeout=300)
     assert proc.returncode == 1 and "does NOT fit: more GPUs" in proc.stdout and "FULL_SHARD" not in proc.stdout.split(
         "verdict")[1]
-    proc = subprocess.run([sys.executable, "-m", "ccexp.plan", "model", "+recipe=nope"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = python_m("ccexp.plan", "model", "+recipe=nope", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("ccexp: error: In 'config': Could not find 'recipe/nope'")
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from conftest import run_ccexp
 from test_cases import CASES, TINY
+from warm import python_m
 
 
 def test_the_plan_counts_exactly_what_a_training_run_trained(tmp_path):
@@ -21,8 +22,7 @@ def test_the_plan_counts_exactly_what_a_training_run_trained(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (table,) = (tmp_path / "out").glob("runs/*/*/tables/clusters.csv")
     trained = list(csv.DictReader(open(table)))
-    plan = subprocess.run([sys.executable, "-m", "ccexp.plan", *common], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+    plan = python_m("ccexp.plan", *common, cwd=tmp_path, timeout=600)
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "reused=True" in plan.stderr  # the run's own cached stages
     removed = int(re.search(r"dedup: (\d+) near-duplicates", plan.stderr).group(1))

@@ -16,8 +16,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from omegaconf import OmegaConf
 
+from warm import python_m
 from conftest import ROOT
 from test_cases import CASES
 
@@ -204,8 +206,7 @@ def test_a_packed_sweep_stopped_by_sigint_continues_with_the_same_command_c43(tm
     exp = client.get_experiment_by_name("ccexp").experiment_id
     assert sorted(r.info.status for r in client.search_runs([exp])) == ["KILLED"] * 3  # two jobs and the parent
 
-    again = subprocess.run([sys.executable, "-m", "ccexp", *args], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600)
+    again = python_m("ccexp", *args, cwd=ROOT, env=env, timeout=600)
     text = again.stdout + again.stderr
     assert again.returncode == 0, text[-3000:]
     assert f"sweep: continuing {sweep}, launched before with the same command" in text
@@ -283,8 +284,7 @@ def test_hydra_launcher_joblib_is_ccexps_own_whose_jobs_stop_as_a_single_run():
     assert issubclass(PackedLauncher, JoblibLauncher) and issubclass(PackedTask, StoppingTask)
     # the name is taken from the plugin's schema on purpose: Hydra's deprecation note about it is not shown to users
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
-    shown = subprocess.run([sys.executable, "-m", "ccexp", "hydra/launcher=joblib", "--cfg", "hydra"], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=120)
+    shown = python_m("ccexp", "hydra/launcher=joblib", "--cfg", "hydra", cwd=ROOT, env=env, timeout=120)
     assert shown.returncode == 0 and "JoblibLauncher" in shown.stdout and "validated against" not in shown.stderr
 
 
