@@ -65,7 +65,7 @@ def main(cfg: DictConfig) -> float:
         write_job_status(job_dir, "KILLED", str(e), overrides)
         return float("nan")
     except Exception as e:
-        message = user_message(e, cfg.paths.outputs)
+        message = user_message(e, cfg.paths.outputs, written_folders(cfg))
         if not multirun:
             if message is None:
                 raise  # a bug: keep the traceback
@@ -103,8 +103,19 @@ def kept_or_skipped(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> boo
     return True
 
 
-def user_message(exc: BaseException, outputs: str | None = None) -> str | None:
-    """The one line for an error a user can fix (a full disk under ``outputs`` among them), or None for a bug."""
+def written_folders(cfg) -> dict[str, str]:
+    """The folders a run writes to, by the setting that names them (``paths.outputs``, ``paths.cache``, each
+    ``logger.loggers.<name>.save_dir``): where a full disk can be, for its one line."""
+    folders = {"paths.outputs": cfg.paths.outputs, "paths.cache": cfg.paths.get("cache")}
+    for key, logger in (cfg.logger.get("loggers") or {}).items():
+        if logger is not None and logger.get("save_dir"):
+            folders[f"logger.loggers.{key}.save_dir"] = logger.save_dir
+    return {k: str(v) for k, v in folders.items() if v}
+
+
+def user_message(exc: BaseException, outputs: str | None = None, folders: dict[str, str] | None = None) -> str | None:
+    """The one line for an error a user can fix (a full disk under ``outputs`` or another of ``folders``, the
+    [`written_folders`][ccexp.__main__.written_folders], among them), or None for a bug."""
     from omegaconf.errors import MissingMandatoryValue
 
     from ccexp.errors import disk_full_line
@@ -113,7 +124,7 @@ def user_message(exc: BaseException, outputs: str | None = None) -> str | None:
         return f"{exc.full_key} is required and has no value; set it on the command line, e.g. {exc.full_key}=..."
     if isinstance(exc, CcexpError):
         return with_retired_hint(str(exc))
-    return disk_full_line(exc, outputs)
+    return disk_full_line(exc, outputs, folders)
 
 
 # settings that no longer exist, and what replaced them (appended to the error that names them)

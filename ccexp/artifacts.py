@@ -9,6 +9,7 @@ computes, the others wait and reuse its output.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -142,11 +143,10 @@ class StageStore:
             time.sleep(poll_s)
 
     def lock(self, stage: str, fp: str):
-        """A file lock (``<root>/.locks/<stage>-<fp>.lock``) held while a run computes that stage output."""
-        from filelock import FileLock
-
+        """A file lock (``<root>/.locks/<stage>-<fp>.lock``) held while a run computes that stage output
+        ([`file_lock`][ccexp.artifacts.file_lock]: none, with a warning, on a file system without locks)."""
         (self.root / ".locks").mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / ".locks" / f"{stage}-{fp}.lock"))
+        return file_lock(self.root / ".locks" / f"{stage}-{fp}.lock", "two runs may compute the same stage at once")
 
     @contextmanager
     def publish(self, stage: str, fp: str, meta: dict[str, Any] | None = None) -> Iterator[Path]:
@@ -176,6 +176,46 @@ class StageStore:
             raise
 
 
+# what flock answers on a file system without lock support: NFSv3 without lockd (ENOLCK), Lustre mounted without
+# -o flock (ENOSYS), some FUSE and SMB mounts (EOPNOTSUPP)
+NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
+_WARNED_NO_LOCKS: set[str] = set()
+
+
+def no_locks_warning(folder: Path, error: OSError, consequence: str) -> None:
+    """Say once per folder that its file system gives no locks (``error``, whose errno is in
+    [`NO_LOCKS`][ccexp.artifacts.NO_LOCKS]) and what that leaves unguarded."""
+    key = str(folder)
+    if key not in _WARNED_NO_LOCKS:
+        _WARNED_NO_LOCKS.add(key)
+        logging.getLogger("ccexp").warning(
+            "locks: the file system of %s gives no file locks (%s: %s), so %s; put it on a file system with locks "
+            "(a local disk, NFS with lockd, Lustre mounted with -o flock) to keep concurrent runs apart", folder,
+            errno.errorcode.get(error.errno or 0, "?"), error.strerror or error, consequence)
+
+
+@contextmanager
+def file_lock(path: Path, consequence: str) -> Iterator[None]:
+    """Hold a ``filelock.FileLock`` on ``path`` for the block. On a file system without locks (flock fails with an
+    errno of [`NO_LOCKS`][ccexp.artifacts.NO_LOCKS]) the block runs without one, after one warning naming the folder
+    and the ``consequence`` (a lock that cannot be taken there is no reason to lose the run)."""
+    from filelock import FileLock
+
+    lock = FileLock(str(path))
+    try:
+        lock.acquire()
+    except OSError as e:
+        if e.errno not in NO_LOCKS:
+            raise
+        no_locks_warning(Path(path).parent, e, consequence)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 STALE_S = 7 * 24 * 3600  # another node's temporary folder untouched this long is abandoned
 
 
@@ -183,6 +223,13 @@ def _host() -> str:
     import socket
 
     return socket.gethostname().replace("~", "_").replace("/", "_")
+
+
+def _modified(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _remove_orphans(stage_dir: Path) -> None:
@@ -200,16 +247,39 @@ def _remove_orphans(stage_dir: Path) -> None:
                 continue
             if stale:
                 shutil.rmtree(tmp, ignore_errors=True)
-        elif pid is None or not pid_alive(pid):
+        elif pid is None or not pid_alive(pid, started_by=_modified(tmp)):  # a pid reused since: not the writer
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def pid_alive(pid: int) -> bool:
-    """True when process ``pid`` exists on this machine (another user's process counts)."""
+PID_START_SLACK_S = 2.0  # a process's start time is known to the clock tick, the boot time it counts from to ~1 s
+
+
+def process_created(pid: int | None = None) -> float | None:
+    """When process ``pid`` (this one by default) started, in seconds since the epoch (``psutil.Process.create_time``:
+    the same value each time it is read on this machine), or None when it cannot be read."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
+        return None
+
+
+def pid_alive(pid: int, started_by: float | None = None, created: float | None = None) -> bool:
+    """True when process ``pid`` exists on this machine (another user's process counts) and is the process that
+    recorded it: given ``created`` (its [`process_created`][ccexp.artifacts.process_created] when it recorded the
+    pid), it started then; else, given ``started_by`` (seconds since the epoch when the recorder was running), no
+    later than that (within [`PID_START_SLACK_S`][ccexp.artifacts.PID_START_SLACK_S]). After a SIGKILL, the OOM killer
+    or a reboot a pid is soon another program's. A start time that cannot be read counts as alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    if created is None and started_by is None:
         return True
-    return True
+    now = process_created(pid)
+    if now is None:
+        return True
+    return abs(now - created) < 0.5 if created is not None else now <= started_by + PID_START_SLACK_S

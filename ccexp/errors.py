@@ -98,36 +98,60 @@ def not_utf8_line(name: str, exc: UnicodeDecodeError, kind: str = "UTF-8 text") 
     return f"{name} is not UTF-8 text ({shown} at offset {exc.start}); save it as {kind}"
 
 
-def disk_full_line(exc: BaseException, folder=None) -> str | None:
+def disk_full_line(exc: BaseException, folder=None, settings: dict | None = None) -> str | None:
     """The one line for an error caused by a full disk (or a quota), or None for any other: an ``OSError``
     ENOSPC/EDQUOT anywhere in the exception's chain, SQLite's "database or disk is full", or a failed
     write when the disk holding ``folder`` has (almost) no space left (torch reports a failed checkpoint
-    write as a RuntimeError)."""
+    write as a RuntimeError).
+
+    ``settings`` (setting -> folder: ``paths.outputs``, ``paths.cache``, a logger's ``save_dir``; default
+    ``{"paths.outputs": folder}``) names the disk: the file the error names, else the first of them whose disk has
+    (almost) no space left (a library's writer thread, e.g. TensorBoard's, reports ENOSPC without a file name), and
+    the line tells to set the setting whose folder holds it."""
     import errno
-    import shutil
-    from pathlib import Path
 
     chain, seen = [], set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
-    where = folder
-    full = False
+    settings = {k: v for k, v in (settings or ({"paths.outputs": folder} if folder is not None else {})).items() if v}
+    where, full = None, False
     for e in chain:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a copy's target is filename2
             full, where = True, e.filename2 or e.filename or where
         elif "database or disk is full" in str(e) or "No space left on device" in str(e):
             full = True
     if not full and folder is not None and any("write" in str(e).lower() for e in chain):
-        try:
-            full = shutil.disk_usage(Path(folder).expanduser()).free < (1 << 20)
-        except OSError:
-            full = False
+        full = _free_bytes(folder) < (1 << 20)
     if not full:
         return None
-    place = Path(str(where or ".")).expanduser()
+    if where is None:  # the file is not named: the disk that is full, of those the run writes to
+        where = next((path for path in settings.values() if _free_bytes(path) < (1 << 20)), folder)
+    place = _existing(where or ".")
     place = place if place.is_dir() else place.parent
-    return (f"no space left on the disk holding {place}: free some space there, or set paths.outputs to a folder "
+    setting = next((name for name, path in sorted(settings.items(), key=lambda kv: -len(str(_existing(kv[1]))))
+                    if place == _existing(path) or _existing(path) in place.parents), "paths.outputs")
+    return (f"no space left on the disk holding {place}: free some space there, or set {setting} to a folder "
             "on a larger disk; stages, checkpoints and the MLflow store are written whole or not at all, so nothing "
             "half-written was kept and the same command can run again")
+
+
+def _existing(path):
+    """``path`` (expanded, absolute) or its nearest folder above that exists."""
+    from pathlib import Path
+
+    path = Path(str(path)).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _free_bytes(path) -> int:
+    """Free bytes on the disk holding ``path`` (or its nearest existing folder); a large number when unknown."""
+    import shutil
+
+    try:
+        return shutil.disk_usage(_existing(path)).free
+    except OSError:
+        return 1 << 62

@@ -61,20 +61,43 @@ def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-# where a run writes (its folders, the MLflow store it records to) and what it continues: not what it computes
-IDENTITY_EXCLUDED = ("paths", "logger.tracking_uri", "train.resume_from")
-# how a run is shown and how many of the machine's cores it had (hydra/launcher=packed writes trainer.threads into
-# each job): not settings of the experiment, so runs that differ only in them are one arm of a comparison
-NOT_EXPERIMENT = ("trainer.enable_progress_bar", "trainer.threads")
+# settings that change nothing a run computes: where it writes and records (its folders, the MLflow store and
+# experiment, extra loggers), what it continues from, how it is shown (the progress bar, how often a line is logged),
+# how often it saves a checkpoint (a resume continues exactly), how many of the machine's cores it uses
+# (hydra/launcher=packed writes trainer.threads into each job), a profiler, and what only other commands read (the
+# report's and the plan's settings, a recipe's note). Two runs that differ only in them are one configuration: the
+# same run identity, and one arm of a comparison
+NOT_COMPUTED = ("paths", "logger", "train.resume_from", "report", "plan", "recipe_note", "trainer.enable_progress_bar",
+                "trainer.threads", "trainer.profiler", "train.log_every_n_steps", "train.checkpoint_every_n_steps")
+IDENTITY_EXCLUDED = NOT_COMPUTED  # (the name the identity's docstrings use)
+
+
+def _absolute_paths(node, cwd):
+    """``node`` with every relative path that names an existing file or folder (from ``cwd``) made absolute: a
+    setting that reads a file (``data.path``, a weights file, a model folder) names the same input whether it was
+    given relative or absolute, and two relative ones from different folders name different inputs."""
+    if isinstance(node, dict):
+        return {k: _absolute_paths(v, cwd) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_absolute_paths(v, cwd) for v in node]
+    if isinstance(node, str) and node and not node.startswith(("/", "~")) and "://" not in node and len(node) < 4096:
+        try:
+            found = (cwd / node).exists()
+        except (OSError, ValueError):
+            found = False
+        return str((cwd / node).resolve()) if found else node
+    return node
 
 
 def config_identity(container: dict) -> str:
     """The full SHA-256 (64 hex digits) of a resolved config as a plain mapping, without the settings of
-    [`IDENTITY_EXCLUDED`][ccexp.names.IDENTITY_EXCLUDED]: two runs are the same configuration exactly when their
+    [`NOT_COMPUTED`][ccexp.names.NOT_COMPUTED] and with relative paths to existing files made absolute (from the
+    working folder): two runs are the same configuration exactly when their
     identities are equal (never a short name hash: 4 hex digits are 65,536 names, and a sweep of a few hundred runs has
     even odds of sharing one). The container is not changed."""
     import copy
     import json
+    from pathlib import Path
 
     container = copy.deepcopy(container)
     for dotted in IDENTITY_EXCLUDED:
@@ -84,6 +107,7 @@ def config_identity(container: dict) -> str:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
+    container = _absolute_paths(container, Path.cwd())
     return hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()
 
 

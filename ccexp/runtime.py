@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -26,11 +27,25 @@ def run_command(main: Callable[[], object]) -> None:
     sys.exit(code)
 
 
+def _thread_disk_full_in_one_line(args) -> None:
+    """``threading.excepthook`` for a run: a library's writer thread (TensorBoard's event writer) that stops on a
+    full disk is one warning line, not a traceback (the run's own error line names the disk when the library raises
+    it again in the run); any other exception in a thread is printed as Python prints it."""
+    from ccexp.errors import disk_full_line
+
+    if disk_full_line(args.exc_value) is None:
+        threading.__excepthook__(args)
+        return
+    logging.getLogger("ccexp").warning("thread %s stopped: %s", getattr(args.thread, "name", "?"),
+                                       str(args.exc_value).splitlines()[0] if str(args.exc_value) else args.exc_type)
+
+
 def quiet_libraries(sweep: bool = False) -> None:
     """Offline flags, and one line per message through Hydra's handlers (no duplicate or tip lines); in a
     ``sweep`` run in this process, each warning once on the console ([`once_on_the_console`][ccexp.runtime.once_on_the_console]);
     and in a launch of several ranks, this rank's GPU as the current device ([`use_this_ranks_gpu`][ccexp.runtime.use_this_ranks_gpu])."""
     use_this_ranks_gpu()
+    threading.excepthook = _thread_disk_full_in_one_line
     if sweep:
         once_on_the_console()
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -199,8 +214,10 @@ class Phases:
         log = logging.getLogger("ccexp")
         log.info(self.line())
         balance = run_dir / "balance" / "balance.md"
-        log.info("done: %s in %.0f s (train %.0f s, %.0f tokens/s); outputs in %s%s", name, self.total, train_seconds,
-                 tokens / train_seconds, run_dir, f"; balance report: {balance}" if balance.is_file() else "")
+        trained = f"train {train_seconds:.0f} s, {tokens / train_seconds:.0f} tokens/s" if tokens > 0 else \
+            "no step left to train in this launch"
+        log.info("done: %s in %.0f s (%s); outputs in %s%s", name, self.total, trained, run_dir,
+                 f"; balance report: {balance}" if balance.is_file() else "")
 
     def write(self, path: Path, stages: dict[str, str]) -> Path:
         """``{"total_seconds": ..., "seconds": {phase: s}, "stages": {stage: fingerprint}, "memory_kind": ...,

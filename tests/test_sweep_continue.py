@@ -124,8 +124,8 @@ def test_the_same_sweep_command_while_that_sweep_runs_is_one_line(tmp_path):
     cfg = sweep_config(tmp_path, ["seed=0,1"])
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        update_sweep_record(tmp_path / "multirun" / "d" / "t", command=sweep_command(cfg), launched=1.0,
-                            pid=alive.pid, host=socket.gethostname())
+        update_sweep_record(tmp_path / "multirun" / "d" / "t", command=sweep_command(cfg), launched=time.time(),
+                            pid=alive.pid, host=socket.gethostname())  # (a process started after launched is not it)
         with pytest.raises(CcexpError, match=rf"the same sweep is running now \(pid {alive.pid}, .*Ctrl-C"):
             same_command_sweep(cfg)
     finally:

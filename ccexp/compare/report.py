@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ccexp.errors import CcexpError
-from ccexp.names import NOT_EXPERIMENT
+from ccexp.names import NOT_COMPUTED
 from ccexp.compare.budget import BUDGET_KEYS
 from ccexp.compare.stats import mean_ci
 
@@ -429,18 +429,26 @@ def _arm(run, group_by: str) -> str:
     return run.data.tags.get(group_by, run.data.params.get(f"{group_by}.name", "?"))
 
 
-# params that are not the experiment's configuration: the seeds (what a sweep repeats over) and where and how a
-# run is recorded or resumed
-_NOT_CONFIGURATION = re.compile(r"(^|\.)(seed|init_seed)$|^(logger|paths)\.|^train\.resume_from$|"
-                                + "|".join(f"^{re.escape(k)}$" for k in NOT_EXPERIMENT))
+# params that are not the experiment's configuration: the seeds (what a sweep repeats over) and the settings that
+# change nothing a run computes (where and how it is recorded, shown or resumed: the run identity leaves them out too)
+_NOT_CONFIGURATION = re.compile(r"(^|\.)(seed|init_seed)$|" + "|".join(f"^{re.escape(k)}(\\.|$)" for k in NOT_COMPUTED))
+
+
+# the stages whose outputs every run of a comparison must share, whatever its seeds (the clustering, and the
+# deduplication decided on it, may differ with clusterer.seed): the same settings on a corpus file rewritten in place,
+# or another model file under the same path, are other inputs
+SHARED_STAGES = ("corpus", "model", "tokenize", "embed")
 
 
 def _configuration(run, group_by: str, arm: bool, ignore: tuple[str, ...] = ()) -> frozenset:
     """A run's configuration apart from its seeds: its params but the seeds, the recording's and ``ignore``'s;
-    without the ``group_by`` group's own (``arm=False``: what the arms share) or with only them (``arm=True``)."""
+    without the ``group_by`` group's own (``arm=False``: what the arms share, with the fingerprints of the
+    [`SHARED_STAGES`][ccexp.compare.report.SHARED_STAGES] it recorded, as ``"<stage> fingerprint"``) or with only them
+    (``arm=True``)."""
     own = f"{group_by}."
-    return frozenset((k, v) for k, v in run.data.params.items()
-                     if not _NOT_CONFIGURATION.search(k) and k.startswith(own) == arm and k not in ignore)
+    stages = [] if arm else [(f"{s} fingerprint", fp) for s in SHARED_STAGES if (fp := _fingerprint(run, s))]
+    return frozenset([(k, v) for k, v in run.data.params.items()
+                      if not _NOT_CONFIGURATION.search(k) and k.startswith(own) == arm and k not in ignore] + stages)
 
 
 def one_configuration(runs: list, group_by: str, ignore: tuple[str, ...] = ()) -> tuple[list, list[str]]:
@@ -448,7 +456,9 @@ def one_configuration(runs: list, group_by: str, ignore: tuple[str, ...] = ()) -
 
     A comparison averages each arm's runs over seeds and pairs them by seed, so every run must share the
     configuration of the newest run (a sweep folder extended with another ``train.lr``, or ``--all-runs`` over
-    runs of several settings), and within an arm its newest run's settings of that arm (``sampler.*``).
+    runs of several settings) and its stages' inputs (a corpus rewritten in place between two runs of the same
+    settings: their ``corpus fingerprint`` differs), and within an arm its newest run's settings of that arm
+    (``sampler.*``).
 
     Returns:
         (the runs kept, in their order; [] or one note naming the runs left out and the settings that differ).

@@ -124,6 +124,9 @@ def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: Tra
         from ccexp.evaluation.lm_eval_bridge import evaluate as lm_evaluate
 
         whole = isolated("lm_eval", errors, run_dir, lm_model) if lm_model is not None else model
+        if average is not None:
+            log.info("lm-eval: scoring the %s, as the headline held-out metrics",
+                     {"ema": "EMA weights", "tail": "tail-averaged weights"}.get(settings.average, "averaged weights"))
         lm_metrics = {}
         if whole is not None:  # None: loading the whole model failed (an lm_eval error already)
             lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, settings.lm_eval, whole, tokenized.tokenizer,

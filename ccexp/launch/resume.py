@@ -38,6 +38,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ccexp.artifacts import NO_LOCKS, no_locks_warning, process_created
 from ccexp.embedding.shards import launch_rank
 from ccexp.errors import CcexpError
 from ccexp.names import RunIdentity, config_identity
@@ -81,6 +82,55 @@ def launch_id() -> str | None:
     return None
 
 
+# run.json's fields and the JSON types each must have (a hand edit, a half-merged file or another tool's writer can
+# leave any of them of another type); None is allowed for every field
+RUN_JSON_FIELDS: dict[str, tuple[type, ...]] = {
+    "run_name": (str,), "status": (str,), "host": (str,), "pid": (int,), "pid_created": (float, int),
+    "started": (float, int), "ended": (float, int), "launch": (str,), "mlflow_run_id": (str,), "slurm_job_id": (str, int),
+    "steps": (int,), "step": (int,), "config_digest": (str,), "metrics": (dict,), "fingerprints": (dict,)}
+_INNER = {"metrics": (float, int), "fingerprints": (str,)}  # the values of run.json's mappings
+_JSON_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "an object", list: "a list",
+               bool: "true or false"}
+
+
+_WARNED_RUN_JSON: set[tuple[str, str]] = set()  # (path, what was wrong): said once per process
+
+
+def _wrong_type(value, types: tuple[type, ...], none: bool = True) -> str | None:
+    """"is a string, not an object" when ``value`` is none of ``types`` (a JSON true/false is no number; null only
+    with ``none``), else None."""
+    if (value is None and none) or (isinstance(value, types) and not isinstance(value, bool)):
+        return None
+    shown = "null" if value is None else _JSON_NAMES.get(type(value), type(value).__name__)
+    return f"is {shown}, not {' or '.join(_JSON_NAMES[t] for t in types if not (t is int and float in types))}"
+
+
+def read_run_json(path: Path) -> dict:
+    """``path`` (a run folder's ``run.json``) as a mapping whose fields have the types
+    [`RUN_JSON_FIELDS`][ccexp.launch.resume.RUN_JSON_FIELDS] names (``metrics`` a mapping of names to numbers,
+    ``fingerprints`` of stage names to strings). A field of another type is left out, with one warning naming the
+    file and the field ("metrics is a string, not an object"): the rest of the run's record still counts (a
+    ``metrics`` edited by hand does not make a finished run train again). A field it does not name is kept as it is.
+
+    Raises:
+        OSError: when it cannot be read. ValueError: when it is not JSON. TypeError: when it is not a JSON object.
+    """
+    meta = json.loads(Path(path).read_text())
+    if not isinstance(meta, dict):
+        raise TypeError(f"a JSON {type(meta).__name__}, not an object")
+    wrong = [f"{key} {why}" for key, types in RUN_JSON_FIELDS.items() if (why := _wrong_type(meta.get(key), types))]
+    for key, inner in _INNER.items():
+        if isinstance(meta.get(key), dict):
+            wrong += [f"{key}[{k!r}] {why}" for k, v in meta[key].items() if (why := _wrong_type(v, inner, False))]
+    for field_ in {w.split(" ")[0].split("[")[0] for w in wrong}:
+        meta.pop(field_, None)
+    if wrong and (str(path), "; ".join(wrong)) not in _WARNED_RUN_JSON:
+        _WARNED_RUN_JSON.add((str(path), "; ".join(wrong)))
+        log.warning("resume: %s: %s; %s left out of what this command reads of that run", path, "; ".join(wrong[:3]),
+                    "that field is" if len(wrong) == 1 else "those fields are")
+    return meta
+
+
 def write_run_json(run_dir: Path, **fields) -> None:
     """Merge ``fields`` into ``run_dir/run.json`` (written whole or not at all). The first write of a run
     also records when it started, on which host and in which process (what a later run of the same
@@ -89,11 +139,12 @@ def write_run_json(run_dir: Path, **fields) -> None:
 
     path = run_dir / RUN_JSON
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_run_json(path)
+    except (OSError, ValueError, TypeError):  # none yet, or unreadable: this run's own record starts again
         data = {}
     if fields.get("status") == "running" and data.get("status") in (None, "running"):
-        data.update(started=time.time(), host=socket.gethostname(), pid=os.getpid(), launch=launch_id())
+        data.update(started=time.time(), host=socket.gethostname(), pid=os.getpid(), pid_created=process_created(),
+                    launch=launch_id())
     data.update(fields)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(data))
@@ -118,7 +169,12 @@ def claim(outputs: Path, identity: RunIdentity, run_dir: Path | None) -> None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
+        if e.errno in NO_LOCKS:  # a file system without locks: nothing holds it, and nothing can
+            os.close(fd)
+            no_locks_warning(path.parent, e, "two identical commands started at once are not kept apart (both "
+                             "would train)")
+            return
         holder = os.pread(fd, 4096, 0).decode(errors="replace")
         os.close(fd)
         try:
@@ -174,7 +230,9 @@ class Earlier:
             return None
 
     def alive(self) -> bool:
-        """Still running: its process exists on this host (and is not a rank of this very launch)."""
+        """Still running: its process exists on this host, started before run.json recorded it (a pid given to
+        another program since is not the run: [`ccexp.artifacts.pid_alive`][ccexp.artifacts.pid_alive]), and is
+        not a rank of this very launch."""
         if self.status != "running" or self.meta.get("host") != socket.gethostname() or not self.meta.get("pid"):
             return False
         if self.meta.get("launch") is not None and self.meta.get("launch") == launch_id():
@@ -185,7 +243,9 @@ class Earlier:
             pid = int(self.meta["pid"])
         except (TypeError, ValueError):  # a run.json edited by hand: no process to ask
             return False
-        return pid != os.getpid() and pid > 0 and pid_alive(pid)
+        started, created = self.meta.get("started"), self.meta.get("pid_created")
+        return pid != os.getpid() and pid > 0 and pid_alive(pid, started_by=float(started) if started else None,
+                                                            created=float(created) if created else None)
 
     def describe(self) -> str:
         step, steps = self.meta.get("step"), self.meta.get("steps")
@@ -204,9 +264,7 @@ def earlier_runs(name: str, run_dir: Path | None, outputs: Path) -> list[Earlier
     for folder in dict.fromkeys(folders):
         path = folder / RUN_JSON
         try:
-            meta = json.loads(path.read_text())
-            if not isinstance(meta, dict):
-                raise TypeError(f"a JSON {type(meta).__name__}, not an object")
+            meta = read_run_json(path)
             started = float(meta.get("started") or path.stat().st_mtime)
         except (OSError, ValueError, TypeError) as e:
             if path.is_file() and folder != run_dir:
@@ -226,10 +284,9 @@ def earlier_runs(name: str, run_dir: Path | None, outputs: Path) -> list[Earlier
 
 def run_id_of(checkpoint: Path) -> str | None:
     """The MLflow run id recorded in the ``run.json`` of the run folder holding ``checkpoint``."""
-    meta = checkpoint.parent.parent / RUN_JSON
     try:
-        return json.loads(meta.read_text()).get("mlflow_run_id")
-    except (OSError, ValueError):
+        return read_run_json(checkpoint.parent.parent / RUN_JSON).get("mlflow_run_id")
+    except (OSError, ValueError, TypeError):
         return None
 
 
@@ -281,7 +338,7 @@ def _gone(run: Earlier, outputs: Path) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return True
-    except OSError:
+    except OSError:  # held, or a file system without locks (NO_LOCKS): it cannot be told from here
         return False
     finally:
         os.close(fd)
@@ -296,9 +353,9 @@ def _bury(outputs: Path, run_dir: Path | None) -> list[Earlier]:
         if path.parent == run_dir:
             continue
         try:
-            meta = json.loads(path.read_text())
-            running = isinstance(meta, dict) and meta.get("status") == "running"
-        except (OSError, ValueError):
+            meta = read_run_json(path)
+            running = meta.get("status") == "running"
+        except (OSError, ValueError, TypeError):  # earlier_runs says so for this configuration's
             continue
         run = Earlier(path.parent, meta, float(meta.get("started") or 0.0) if running else 0.0) if running else None
         if run is None or not _gone(run, outputs):

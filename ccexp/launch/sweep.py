@@ -34,7 +34,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from ccexp.artifacts import write_text_atomic
+from ccexp.artifacts import process_created, write_text_atomic
 from ccexp.launch.arms import job_config, job_overrides
 from ccexp.launch.status import STATUS_FILE, SWEEP_STOPPED, write_job_status  # noqa: F401  (the job's side's)
 
@@ -167,7 +167,7 @@ class MlflowSweepCallback(Callback):
                      "ones continue from their checkpoints (hydra.sweep.dir=<another folder> or "
                      "train.resume_from=fresh starts a new sweep)", sweep_dir)
         update_sweep_record(sweep_dir, command=sweep_command(config), pid=os.getpid(), host=socket.gethostname(),
-                            launched=time.time())
+                            launched=time.time(), pid_created=process_created())
         self.sweep_dir, self.argv = sweep_dir, list(sys.argv[1:])
         self.jobs = len(job_overrides(config) or [])
         return sweep_dir
@@ -392,16 +392,18 @@ def close_left_running(uri: str, sweep_dir: Path, jobs: list[tuple[str, str, str
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    from ccexp.launch.resume import read_run_json
+
     client = MlflowClient(uri)
     for job, _, status, message in jobs:
         meta = sweep_dir / job / "run.json"
         if status in ("FINISHED", "SKIPPED") or not meta.is_file():
             continue
         try:
-            run_id = json.loads(meta.read_text()).get("mlflow_run_id")
+            run_id = read_run_json(meta).get("mlflow_run_id")
             if not run_id or client.get_run(run_id).info.status != "RUNNING":
                 continue
-        except (OSError, ValueError, MlflowException):
+        except (OSError, ValueError, TypeError, MlflowException):
             continue
         closed = "KILLED" if status == "KILLED" else "FAILED"
         client.set_tag(run_id, "error", message[:5000])
@@ -427,13 +429,11 @@ def close_active_sweep(status: str, stop: str | None = None) -> list[str]:
 def job_progress(job_dir: Path) -> str | None:
     """How far a job that did not finish got, from its run.json and checkpoints: "stopped after step 12 of 80;
     continues from <checkpoint>", "stopped before its first checkpoint", or None when it left no run.json."""
-    from ccexp.launch.resume import RUN_JSON
+    from ccexp.launch.resume import RUN_JSON, read_run_json
 
     try:
-        meta = json.loads((job_dir / RUN_JSON).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict):
+        meta = read_run_json(job_dir / RUN_JSON)
+    except (OSError, ValueError, TypeError):
         return None
     checkpoints = sorted((job_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
     step, steps = meta.get("step"), meta.get("steps")
@@ -489,7 +489,10 @@ def same_command_sweep(config: DictConfig) -> str | None:
     _, folder = max(found, key=lambda f: f[0])
     saved = read_sweep_record(folder)
     pid = saved.get("pid")
-    if saved.get("host") == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and pid_alive(pid):
+    launched, created = saved.get("launched"), saved.get("pid_created")
+    if saved.get("host") == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() and \
+            pid_alive(pid, started_by=float(launched) if isinstance(launched, (int, float)) else None,
+                      created=float(created) if isinstance(created, (int, float)) else None):
         raise CcexpError(f"the same sweep is running now (pid {pid}, {folder}); wait for it, or stop it (Ctrl-C) and "
                          "run the same command again to continue it")
     return str(folder.relative_to(root))

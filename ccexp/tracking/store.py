@@ -233,8 +233,9 @@ def open_store(uri: str):
     Raises:
         CcexpError: for a full disk, or a store that cannot be opened and holds runs or may hold them.
     """
-    from filelock import FileLock
     from mlflow import MlflowClient
+
+    from ccexp.artifacts import file_lock
 
     from ccexp.errors import disk_full_line
 
@@ -244,7 +245,7 @@ def open_store(uri: str):
         return MlflowClient(uri)
     db = Path(uri[len("sqlite:///"):])
     db.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(db) + ".lock"):
+    with file_lock(Path(f"{db}.lock"), "runs that start together on a new store may race on creating its tables"):
         for attempt in (1, 2):
             existed = db.is_file()
             try:

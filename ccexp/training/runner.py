@@ -300,7 +300,9 @@ class FitResult:
     checkpoint: str | None = None  # where the state of a run stopped early is saved, to resume from
     ranks: tuple[int, int] = (0, 1)  # (rank, world size) that score the model together: the FSDP ranks, else (0, 1)
     exported: Path | None = None  # the Hugging Face folder of the trained model, once written (whole_model_folder)
-    tokens_before: int = 0  # tokens trained before this launch: a resumed run's, which ``seconds`` does not cover
+    # tokens trained before this launch (a resumed run's, which ``seconds`` does not cover); all of them when this
+    # launch trained no step (a run continued after its last step: Lightning's fit starts no training then)
+    tokens_before: int = 0
 
     @property
     def tokens_here(self) -> int:
@@ -334,10 +336,13 @@ class FitResult:
             torch.cuda.empty_cache()
 
     def metrics(self) -> dict[str, float]:
-        """``train/*`` and ``data/*`` figures of the run."""
+        """``train/*`` and ``data/*`` figures of the run; this launch's throughput (``train/tokens_per_s``,
+        ``time/train_seconds``) only when it trained a token (a continued run's MLflow run keeps its earlier launch's:
+        an empty fit's fraction of a second over the run's tokens is no speed)."""
         tokens = self.module.tokens_seen
-        return {"train/tokens": float(tokens), "train/tokens_per_s": self.tokens_here / self.seconds,
-                "time/train_seconds": self.seconds, "data/truncated_tokens": float(self.stream.truncated_tokens),
+        speed = {"train/tokens_per_s": self.tokens_here / self.seconds, "time/train_seconds": self.seconds} \
+            if self.tokens_here > 0 and self.seconds > 0 else {}
+        return {"train/tokens": float(tokens), **speed, "data/truncated_tokens": float(self.stream.truncated_tokens),
                 "data/documents_started": float(self.stream.documents_started),
                 "train/skipped_tokens": float(self.module.skipped_tokens)}
 
@@ -473,7 +478,7 @@ def fit(cfg: DictConfig, run_dir: Path, loggers: list | None, stream: TokenStrea
     return FitResult(module, trainer.is_global_zero, time.perf_counter() - t0, stream, telemetry, whole,
                      group_field, group_names, groups, None if average is None else average.model,
                      steps=reached, ranks=(trainer.global_rank, trainer.world_size) if sharded else (0, 1),
-                     tokens_before=progress.tokens_at_start or 0,
+                     tokens_before=module.tokens_seen if progress.tokens_at_start is None else progress.tokens_at_start,
                      **_stopped_early(trainer, boundary, reached, int(cfg.train.steps), spawned))
 
 
@@ -496,14 +501,16 @@ def whole_model_folder(fit: FitResult, run_dir: Path, tokenizer) -> Path:
 
 
 def whole_model(fit: FitResult, trainer: DictConfig, run_dir: Path, tokenized: TokenizedCorpus) -> torch.nn.Module:
-    """The trained model whole, for lm-eval: the model itself when it was not sharded; under FSDP the optimizer's
+    """The trained model whole, for lm-eval: the weights the headline held-out metrics are of, i.e. the averaged
+    weights (``fit.average``) under ``eval.average=ema|tail``, else the model itself when it was not sharded; under
+    FSDP (which ``eval.average`` is refused with) the optimizer's
     state is freed ([`FitResult.release_training_state`][ccexp.training.runner.FitResult.release_training_state]) and
     the exported folder ([`whole_model_folder`][ccexp.training.runner.whole_model_folder]) is loaded on rank 0's device,
     in the training's compute dtype (bfloat16 for ``bf16-*`` precision: half the bytes of float32 weights)."""
     from ccexp.training.export import load_exported
 
     if type(fit.model).__name__ != "FullyShardedDataParallel":
-        return fit.model
+        return fit.model if fit.average is None else fit.average
     fit.release_training_state()
     folder = whole_model_folder(fit, run_dir, tokenized.tokenizer)
     precision = str(trainer.precision)
