@@ -86,8 +86,9 @@ def launch_id() -> str | None:
 # leave any of them of another type); None is allowed for every field
 RUN_JSON_FIELDS: dict[str, tuple[type, ...]] = {
     "run_name": (str,), "status": (str,), "host": (str,), "pid": (int,), "pid_created": (float, int),
-    "started": (float, int), "ended": (float, int), "launch": (str,), "mlflow_run_id": (str,), "slurm_job_id": (str, int),
-    "steps": (int,), "step": (int,), "config_digest": (str,), "metrics": (dict,), "fingerprints": (dict,)}
+    "started": (float, int), "ended": (float, int), "launch": (str,), "mlflow_run_id": (str,),
+    "slurm_job_id": (str, int), "steps": (int,), "step": (int,), "config_digest": (str,), "metrics": (dict,),
+    "fingerprints": (dict,)}
 _INNER = {"metrics": (float, int), "fingerprints": (str,)}  # the values of run.json's mappings
 _JSON_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "an object", list: "a list",
                bool: "true or false"}
