@@ -270,10 +270,13 @@ def pid_alive(pid: int, started_by: float | None = None, created: float | None =
     recorded it: given ``created`` (its [`process_created`][ccexp.artifacts.process_created] when it recorded the
     pid), it started then; else, given ``started_by`` (seconds since the epoch when the recorder was running), no
     later than that (within [`PID_START_SLACK_S`][ccexp.artifacts.PID_START_SLACK_S]). After a SIGKILL, the OOM killer
-    or a reboot a pid is soon another program's. A start time that cannot be read counts as alive."""
+    or a reboot a pid is soon another program's. A start time that cannot be read counts as alive. A pid that no
+    process can have (0, negative: a process group to ``kill``, beyond the C int) is no process."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         pass

@@ -46,6 +46,19 @@ def test_c45_a_run_json_field_of_the_wrong_type_is_named_and_left_out(tmp_path, 
     assert "finished (" in log and "nothing to do" in log and "train: step" not in log  # the run still counts
 
 
+def test_c45_a_run_json_nested_too_deeply_or_of_odd_pids_is_read_without_a_traceback(tmp_path):
+    import os
+
+    from ccexp.artifacts import pid_alive
+
+    path = tmp_path / "run.json"
+    path.write_text('{"status": "finished", "metrics": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(ValueError, match="nested too deeply"):
+        read_run_json(path)
+    for pid in (0, -1, -os.getpid(), 2**40, True):  # no process: not the run (a negative pid is a process group)
+        assert not pid_alive(pid), pid
+
+
 # -- c46: a recorded pid is the run only when its process started before the record ---------------------------------
 def test_c46_a_pid_now_of_another_program_is_not_the_run_which_continues_from_its_checkpoint(tmp_path):
     import os

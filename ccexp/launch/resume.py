@@ -114,9 +114,13 @@ def read_run_json(path: Path) -> dict:
     ``metrics`` edited by hand does not make a finished run train again). A field it does not name is kept as it is.
 
     Raises:
-        OSError: when it cannot be read. ValueError: when it is not JSON. TypeError: when it is not a JSON object.
+        OSError: when it cannot be read. ValueError: when it is not JSON (or nested too deeply to read).
+            TypeError: when it is not a JSON object.
     """
-    meta = json.loads(Path(path).read_text())
+    try:
+        meta = json.loads(Path(path).read_text())
+    except RecursionError:  # (a RuntimeError, not a ValueError)
+        raise ValueError("its JSON is nested too deeply to read") from None
     if not isinstance(meta, dict):
         raise TypeError(f"a JSON {type(meta).__name__}, not an object")
     wrong = [f"{key} {why}" for key, types in RUN_JSON_FIELDS.items() if (why := _wrong_type(meta.get(key), types))]
@@ -181,7 +185,7 @@ def claim(outputs: Path, identity: RunIdentity, run_dir: Path | None) -> None:
         try:
             who = json.loads(holder)
             where = f"pid {who['pid']} on {who['host']}, {who.get('run_dir') or 'its run folder'}"
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             where = "another process"
         raise CcexpError(f"{identity.name} is running now ({where}); wait for it, or stop it (Ctrl-C) and run the "
                          "same command again to continue it") from None

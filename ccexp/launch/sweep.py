@@ -447,7 +447,7 @@ def read_sweep_record(sweep_dir: Path) -> dict:
     """``<sweep_dir>/sweep.json`` as a mapping ({} when absent or unreadable)."""
     try:
         saved = json.loads((Path(sweep_dir) / SWEEP_RECORD).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply to read
         return {}
     return saved if isinstance(saved, dict) else {}
 
