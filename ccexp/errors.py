@@ -122,8 +122,8 @@ def disk_full_line(exc: BaseException, folder=None, settings: dict | None = None
             full, where = True, e.filename2 or e.filename or where
         elif "database or disk is full" in str(e) or "No space left on device" in str(e):
             full = True
-    if not full and folder is not None and any("write" in str(e).lower() for e in chain):
-        full = _free_bytes(folder) < (1 << 20)
+    if not full and any(w in str(e).lower() for e in chain for w in ("write", "written")):  # numpy: "N requested
+        full = any(_free_bytes(p) < (1 << 20) for p in [*settings.values(), *([folder] if folder else [])])  # and M written"
     if not full:
         return None
     if where is None:  # the file is not named: the disk that is full, of those the run writes to

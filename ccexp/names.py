@@ -7,6 +7,7 @@ import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 
@@ -65,27 +66,28 @@ def metric_keys(metrics: dict[str, float]) -> dict[str, float]:
 # experiment, extra loggers), what it continues from, how it is shown (the progress bar, how often a line is logged),
 # how often it saves a checkpoint (a resume continues exactly), how many of the machine's cores it uses
 # (hydra/launcher=packed writes trainer.threads into each job), a profiler, and what only other commands read (the
-# report's and the plan's settings, a recipe's note). Two runs that differ only in them are one configuration: the
-# same run identity, and one arm of a comparison
+# report's and the plan's settings, a recipe's note, how many per-cluster metrics go to MLflow). Two runs that
+# differ only in them are one configuration: the same run identity, and one arm of a comparison
 NOT_COMPUTED = ("paths", "logger", "train.resume_from", "report", "plan", "recipe_note", "trainer.enable_progress_bar",
-                "trainer.threads", "trainer.profiler", "train.log_every_n_steps", "train.checkpoint_every_n_steps")
+                "trainer.threads", "trainer.profiler", "train.log_every_n_steps", "train.checkpoint_every_n_steps",
+                "eval.max_cluster_metrics")
 IDENTITY_EXCLUDED = NOT_COMPUTED  # (the name the identity's docstrings use)
 
 
 def _absolute_paths(node, cwd):
-    """``node`` with every relative path that names an existing file or folder (from ``cwd``) made absolute: a
-    setting that reads a file (``data.path``, a weights file, a model folder) names the same input whether it was
-    given relative or absolute, and two relative ones from different folders name different inputs."""
+    """``node`` with every path (a string with a separator or a file suffix) that names an existing file or folder
+    (from ``cwd``) made absolute and resolved (``..``, ``//``, symbolic links): a setting that reads a file
+    (``data.path``, a weights file, a model folder) names the same input however it was written, and two relative
+    ones from different folders name different inputs."""
     if isinstance(node, dict):
         return {k: _absolute_paths(v, cwd) for k, v in node.items()}
     if isinstance(node, list):
         return [_absolute_paths(v, cwd) for v in node]
-    if isinstance(node, str) and node and not node.startswith(("/", "~")) and "://" not in node and len(node) < 4096:
-        try:
-            found = (cwd / node).exists()
-        except (OSError, ValueError):
-            found = False
-        return str((cwd / node).resolve()) if found else node
+    if isinstance(node, str) and ("/" in node or Path(node).suffix) and "://" not in node and len(node) < 4096:
+        try:  # a path (a separator or a file suffix: "random" is a setting, not the file of that name here)
+            return str((cwd / node).resolve(strict=True))  # "..", "//" and symbolic links resolved
+        except (OSError, ValueError, RuntimeError):
+            return node
     return node
 
 

@@ -250,3 +250,29 @@ def test_c52_a_run_continued_after_its_last_step_records_no_throughput_of_an_emp
     (run,) = client.search_runs([client.get_experiment_by_name("ccexp").experiment_id])
     assert run.info.status == "FINISHED" and run.data.metrics["train/tokens"] == 6 * 512
     assert "train/tokens_per_s" not in run.data.metrics and "time/train_seconds" not in run.data.metrics
+
+
+def test_c47_paths_are_one_setting_however_written_and_a_word_is_not_a_path(tmp_path, monkeypatch):
+    from ccexp.names import _absolute_paths
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "tiny.jsonl").write_text("{}\n")
+    (tmp_path / "random").write_text("")  # a file named like a sampler: the setting stays a word
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "d" / "tiny.jsonl")
+    same = str(tmp_path / "d" / "tiny.jsonl")
+    for written in ("d/tiny.jsonl", "./d/tiny.jsonl", f"{tmp_path}/d/../d/tiny.jsonl", f"/{tmp_path}//d/tiny.jsonl",
+                    "link.jsonl"):
+        assert _absolute_paths({"path": written}, tmp_path) == {"path": same}, written
+    assert _absolute_paths({"name": "random", "missing": "nope/x.jsonl"}, tmp_path) == \
+        {"name": "random", "missing": "nope/x.jsonl"}
+
+
+def test_c51_a_short_write_of_numpy_on_a_full_disk_is_the_full_disk_line(tmp_path):
+    import shutil
+
+    from ccexp.errors import disk_full_line
+
+    full = OSError("115200 requested and 42944 written")  # numpy's tofile: no errno
+    free = shutil.disk_usage(tmp_path).free
+    line = disk_full_line(full, str(tmp_path), {"paths.outputs": str(tmp_path)})
+    assert (line is None) == (free >= (1 << 20))  # only when a disk the run writes to is (almost) full

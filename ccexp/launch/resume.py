@@ -248,8 +248,8 @@ class Earlier:
             pid = int(self.meta["pid"])
         except (TypeError, ValueError):  # a run.json edited by hand: no process to ask
             return False
-        started, created = self.meta.get("started"), self.meta.get("pid_created")
-        return pid != os.getpid() and pid > 0 and pid_alive(pid, started_by=float(started) if started else None,
+        created = self.meta.get("pid_created")  # else when run.json says it started, or was last written
+        return pid != os.getpid() and pid > 0 and pid_alive(pid, started_by=self.started or None,
                                                             created=float(created) if created else None)
 
     def describe(self) -> str:
@@ -362,7 +362,7 @@ def _bury(outputs: Path, run_dir: Path | None) -> list[Earlier]:
             running = meta.get("status") == "running"
         except (OSError, ValueError, TypeError):  # earlier_runs says so for this configuration's
             continue
-        run = Earlier(path.parent, meta, float(meta.get("started") or 0.0) if running else 0.0) if running else None
+        run = Earlier(path.parent, meta, float(meta.get("started") or path.stat().st_mtime)) if running else None
         if run is None or not _gone(run, outputs):
             continue
         run.checkpoints = sorted((run.folder / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime,
