@@ -102,6 +102,7 @@ class _Warm:
     """One warm process, for the commands whose import-time environment is the one it was started with."""
 
     def __init__(self, env: dict[str, str]) -> None:
+        self.buffer = b""
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env, cwd=Path(__file__).parent)
         ready = self._answer(600)
@@ -110,10 +111,20 @@ class _Warm:
             self.stop()
 
     def _answer(self, timeout: float) -> dict | None:
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            return None
-        line = self.proc.stdout.readline()
-        return json.loads(line) if line else None
+        """The warm process's next answer line, None at its end or after ``timeout`` seconds. Read from the pipe's
+        descriptor with a buffer of its own: two answers can arrive in one read (a child that ends at once), and a
+        buffered reader would hold the second where ``select`` cannot see it."""
+        fd, deadline = self.proc.stdout.fileno(), time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line)
 
     def stop(self) -> None:
         if self.proc is not None:
