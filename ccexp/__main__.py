@@ -104,12 +104,14 @@ def kept_or_skipped(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> boo
 
 
 def written_folders(cfg) -> dict[str, str]:
-    """The folders a run writes to, by the setting that names them (``paths.outputs``, ``paths.cache``, each
-    ``logger.loggers.<name>.save_dir``): where a full disk can be, for its one line."""
+    """The folders a run writes to, by the setting that names them (``paths.outputs``, ``paths.cache``, each extra
+    logger's folder options: [`ccexp.tracking.loggers.folder_options`][ccexp.tracking.loggers.folder_options]): where
+    a full disk can be, for its one line."""
+    from ccexp.tracking.loggers import folder_options
+
     folders = {"paths.outputs": cfg.paths.outputs, "paths.cache": cfg.paths.get("cache")}
     for key, logger in (cfg.logger.get("loggers") or {}).items():
-        if logger is not None and logger.get("save_dir"):
-            folders[f"logger.loggers.{key}.save_dir"] = logger.save_dir
+        folders.update({f"logger.loggers.{key}.{k}": v for k, v in folder_options(logger or {}).items()})
     return {k: str(v) for k, v in folders.items() if v}
 
 
