@@ -80,6 +80,7 @@ def isolated(part: str, errors: dict[str, str], run_dir: Path, fn, *args, **kwar
         return None
 
 
+WEIGHTS_NAMED = {"ema": "EMA weights", "tail": "tail-averaged weights"}  # eval.average -> the weights, in log lines
 # the final weights' figures logged beside the averaged weights' headline (eval/final/<name>)
 FINAL_METRICS = ("ppl", "ppl_macro", "ppl_worst", "ppl_rare", "ppl_common", "bpb", "bpb_macro")
 
@@ -126,7 +127,7 @@ def evaluate(settings: DictConfig, model, tokenized: TokenizedCorpus, split: Tra
         whole = isolated("lm_eval", errors, run_dir, lm_model) if lm_model is not None else model
         if average is not None:
             log.info("lm-eval: scoring the %s, as the headline held-out metrics",
-                     {"ema": "EMA weights", "tail": "tail-averaged weights"}.get(settings.average, "averaged weights"))
+                     WEIGHTS_NAMED.get(settings.average, "averaged weights"))
         lm_metrics = {}
         if whole is not None:  # None: loading the whole model failed (an lm_eval error already)
             lm_metrics = isolated("lm_eval", errors, run_dir, lm_evaluate, settings.lm_eval, whole, tokenized.tokenizer,
@@ -175,7 +176,7 @@ def heldout_perplexity(settings: DictConfig, model, tokenized: TokenizedCorpus, 
     report.per_document = {"document": held, "cluster": split.labels[held], "tokens": ntok,
                            "bytes": nbytes if nbytes is not None else np.zeros_like(ntok), "nll": nll}
     m = report.metrics
-    weights = weights or {"ema": "EMA weights", "tail": "tail-averaged weights"}.get(settings.average, "final weights")
+    weights = weights or WEIGHTS_NAMED.get(settings.average, "final weights")
     log.info("eval (%s): held-out ppl %.2f, macro %.2f, worst cluster %.2f (cluster %d), %.4f bits/byte over %d docs "
              "/ %d tokens", weights, m["ppl"], m["ppl_macro"], m["ppl_worst"], int(m.get("ppl_worst_cluster", -1)),
              m.get("bpb", float("nan")), int(m["heldout_documents"]), int(m["heldout_tokens"]))
