@@ -38,16 +38,18 @@ def _offline(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _tracking_uri_kept_to_its_test():
-    """MLflow's ``set_tracking_uri`` (called by Lightning's MLFlowLogger and MLflow's fluent API when a run opens in
-    the test's own process) writes ``MLFLOW_TRACKING_URI`` into ``os.environ``; every later ``python -m ccexp`` a
-    test starts would inherit it and log to that test's store. Each test gets the variable as it found it."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+def _environment_kept_to_its_test():
+    """Each test gets ``os.environ`` as the session set it, and leaves it so. What a test's own process sets stays
+    with that test: MLflow's ``set_tracking_uri`` (called by Lightning's MLFlowLogger and MLflow's fluent API when a
+    run opens in the test's process) writes ``MLFLOW_TRACKING_URI``, a pipeline run in process sets
+    ``HYDRA_FULL_ERROR``, ``TQDM_DISABLE``, ``OMP_NUM_THREADS`` or Lightning's ``PL_GLOBAL_SEED``; every later
+    ``python -m ccexp`` would inherit them (and log to that test's store), and a command whose environment differs
+    from the warm processes' runs fresh (tests/warm.py)."""
+    before = dict(os.environ)
     yield
-    if before is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = before
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.fixture(scope="session")

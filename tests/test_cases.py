@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from warm import python_m
+from warm import python_m, python_popen
 from conftest import ROOT, run_ccexp
 
 CASES = Path(__file__).parent / "cases"
@@ -136,8 +136,7 @@ def test_c05_a_signal_stops_with_a_line_a_status_and_a_checkpoint_to_resume(tmp_
     out = tmp_path / "out"
     args = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={out}", "train.steps=40",
             "train.checkpoint_every_n_steps=5", "train.record_batches=true"]
-    proc = subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=tmp_path, env={**os.environ},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = python_popen("ccexp", *args, cwd=tmp_path, env={**os.environ})
     _wait_for(out, "runs/*/*/checkpoints/step-10.ckpt", proc)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=300)
@@ -272,8 +271,7 @@ def test_c13_a_requeued_sweep_job_continues_from_its_own_checkpoint_as_if_never_
     assert whole.returncode == 0, whole.stderr[-3000:]
     out = tmp_path / "out"
     env = {**os.environ, "CCEXP_SWEEP_ID": "2026-12-01/requeued", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen([sys.executable, "-m", "ccexp", *args, f"paths.outputs={out}"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = python_popen("ccexp", *args, f"paths.outputs={out}", cwd=tmp_path, env=env)
     _wait_for(out, "multirun/*/*/*/checkpoints/step-5.ckpt", proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
@@ -300,18 +298,16 @@ def test_c14_a_second_ctrl_c_stops_at_once_with_status_130_one_line_and_a_killed
     out = tmp_path / "out"
     args = [*TINY, f"data.path={CASES / 'tiny.jsonl'}", f"paths.outputs={out}", "train.steps=40", "sampler=random",
             "train.log_every_n_steps=5", "trainer.enable_progress_bar=false"]
-    proc = subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=tmp_path, env={**os.environ},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in proc.stdout:  # wait for the fifth step
-        lines.append(line)
-        if "train: step 5/" in line:
-            break
+    log = tmp_path / "run.log"
+    proc = python_popen("ccexp", *args, cwd=tmp_path, env={**os.environ}, stdout=log, merge=True)
+    deadline = time.time() + 600
+    while "train: step 5/" not in log.read_text():  # wait for the fifth step
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=300)
-    text = "".join(lines) + rest
+    text, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, text[-3000:]
     stops = [ln for ln in text.splitlines() if ln.startswith("ccexp: ")]
     assert len(stops) == 1 and "SIGINT" in stops[0] and "Traceback" not in text

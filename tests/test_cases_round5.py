@@ -18,7 +18,7 @@ import pytest
 
 from ccexp.errors import CcexpError
 from ccexp.names import RunIdentity
-from warm import python_m
+from warm import python_m, python_popen
 from conftest import ROOT, run_ccexp
 from test_cases import CASES, one_line, runs
 
@@ -32,12 +32,13 @@ def small(tmp_path: Path, corpus: str, *args: str) -> list[str]:
     return [*SMALL, f"data.path={CASES / corpus}", f"paths.outputs={tmp_path / 'out'}", *args]
 
 
-def start(tmp_path: Path, args: list[str], log: Path) -> subprocess.Popen:
+def start(tmp_path: Path, args: list[str], log: Path):
+    """``python -m ccexp <args>`` started in the background, its output (stderr too) written to ``log`` as it comes
+    (tests/warm.py: warm where a warm process is free)."""
     import os
 
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=tmp_path, env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    return python_popen("ccexp", *args, cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"}, stdout=log,
+                        merge=True)
 
 
 # -- c32: a run's identity is its whole configuration, never a short name hash ------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 from ccexp.launch.resume import read_run_json
 from conftest import run_ccexp
+from warm import python_popen
 from test_cases import CASES
 
 # the cases' own small run: rows of 64 tokens, 512 tokens a step, no logger unless a case needs one
@@ -64,15 +65,13 @@ def test_c46_a_pid_now_of_another_program_is_not_the_run_which_continues_from_it
     import os
     import signal
     import subprocess
-    import sys
     import time
 
     from ccexp.artifacts import pid_alive, process_created
 
     args = small(tmp_path, "round5-120.jsonl", "clusterer.k=2", "sampler=random", "train.steps=40",
                  "train.checkpoint_every_n_steps=2", "logger=none")
-    run = subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    run = python_popen("ccexp", *args, cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     deadline = time.time() + 300
     while not list((tmp_path / "out").glob("runs/*/*/checkpoints/step-4.ckpt")):
         assert run.poll() is None and time.time() < deadline, "no step-4.ckpt"
@@ -225,8 +224,6 @@ def test_a_full_disk_line_names_the_setting_whose_folder_holds_the_file(tmp_path
 def test_c52_a_run_continued_after_its_last_step_records_no_throughput_of_an_empty_fit(tmp_path):
     import os
     import signal
-    import subprocess
-    import sys
     import time
 
     from mlflow import MlflowClient
@@ -234,15 +231,14 @@ def test_c52_a_run_continued_after_its_last_step_records_no_throughput_of_an_emp
     args = [*small(tmp_path, "tiny.jsonl", "clusterer.k=4", "sampler=random", "train.steps=6"), "eval=lm_eval",
             "eval.lm_eval.max_docs_per_task=10", "eval.lm_eval.mc_docs=10"]
     log = tmp_path / "first.log"
-    with log.open("w") as out:
-        first = subprocess.Popen([sys.executable, "-m", "ccexp", *args], cwd=tmp_path, stdout=out,
-                                 stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        deadline = time.time() + 300
-        while "lm-eval: task 1/" not in log.read_text():  # after the last step, during the evaluation
-            assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=300) == 143
+    first = python_popen("ccexp", *args, cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"}, stdout=log,
+                         merge=True)
+    deadline = time.time() + 300
+    while "lm-eval: task 1/" not in log.read_text():  # after the last step, during the evaluation
+        assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=300) == 143
     again = run_ccexp(*args, cwd=tmp_path)
     text = again.stdout + again.stderr
     assert again.returncode == 0 and "no step left to train in this launch" in text, text[-3000:]

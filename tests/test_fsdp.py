@@ -6,6 +6,7 @@ mid-write leaves the previous one whole. A model built with its parameters on th
 computed equals a normally built one (Llama, GPT-2), and every recipe composes with every option of every group."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -149,6 +150,14 @@ def test_held_out_scores_shared_over_ranks_equal_one_process_bit_for_bit(tmp_pat
 
 
 # -- recipes compose ---------------------------------------------------------------------------------------------------
+@functools.cache
+def _plain_option(group: str, option: str) -> dict:
+    """``<group>=<option>`` without a recipe, composed once for every recipe's test (a container: never mutated)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose_cfg([f"{group}={option}"])[group])
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_composes_with_every_option_of_every_group(recipe):
     """A recipe sets a group's keys only through its own option of that group (``<group>/recipe/<recipe>.yaml``), so
@@ -166,8 +175,8 @@ def test_every_recipe_composes_with_every_option_of_every_group(recipe):
             assert cfg[group].name == option or group == "model", (group, option)
             assert cfg.recipe_name == recipe
             if group != "logger":  # the option the user picks is whole: none of the recipe's keys of that group
-                plain = compose_cfg([f"{group}={option}"])  # (logger.experiment, every logger's, is the recipe's)
-                assert OmegaConf.to_container(cfg[group]) == OmegaConf.to_container(plain[group]), (group, option)
+                # (logger.experiment, every logger's, is the recipe's)
+                assert OmegaConf.to_container(cfg[group]) == _plain_option(group, option), (group, option)
     assert compose_cfg([f"+recipe={recipe}", "eval=default"]).eval.lm_eval is None
 
 

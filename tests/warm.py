@@ -103,6 +103,7 @@ class _Warm:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.buffer = b""
+        self.busy = False  # claimed by a command that has not ended yet (``_Pool.warm_for`` sets it)
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env, cwd=Path(__file__).parent)
         ready = self._answer(600)
@@ -132,24 +133,47 @@ class _Warm:
             self.proc.wait()
             self.proc = None
 
+    def start(self, module: str, args: list[str], cwd: Path, env: dict[str, str], stdout: str,
+              stderr: str | None) -> int | None:
+        """The pid of the command started in a child (its output written to the files ``stdout`` and ``stderr``,
+        None: into ``stdout``), or None where this process is gone. Its end is the next answer
+        ([`ended`][warm._Warm.ended]); the process serves one command at a time."""
+        request = {"module": module, "args": list(args), "cwd": str(cwd), "env": {**env, **self.imported},
+                   "stdout": stdout, "stderr": stderr}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        started = self._answer(60)
+        if started is None:
+            self.stop()
+            self.busy = False
+            return None
+        return started["pid"]
+
+    def ended(self, pid: int, timeout: float) -> int | None:
+        """The exit code of the child ``pid`` (as ``Popen.returncode``: minus the signal that killed it), None while
+        it runs after ``timeout`` seconds."""
+        ended = self._answer(timeout)
+        if ended is None:
+            if self.proc is not None and self.proc.poll() is not None:  # the warm process itself is gone
+                self.stop()
+                self.busy = False
+                raise RuntimeError(f"the warm process that ran pid {pid} ended")
+            return None
+        self.busy = False
+        return os.waitstatus_to_exitcode(ended["status"])
+
     def run(self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float,
             merge: bool) -> tuple[int, str, str] | None:
         """``(returncode, stdout, stderr)`` of the command run in a child, or None where this process is gone."""
         with tempfile.TemporaryDirectory(prefix="ccexp-warm-") as tmp:
-            request = {"module": module, "args": list(args), "cwd": str(cwd), "env": {**env, **self.imported},
-                       "stdout": f"{tmp}/out", "stderr": None if merge else f"{tmp}/err"}
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            started = self._answer(60)
-            if started is None:
-                self.stop()
+            pid = self.start(module, args, cwd, env, f"{tmp}/out", None if merge else f"{tmp}/err")
+            if pid is None:
                 return None
-            ended = self._answer(timeout)
-            if ended is None:
-                os.kill(started["pid"], signal.SIGKILL)
-                self._answer(60)
+            code = self.ended(pid, timeout)
+            if code is None:
+                os.kill(pid, signal.SIGKILL)
+                self.ended(pid, 60)
                 raise subprocess.TimeoutExpired([module, *args], timeout)
-            code = os.waitstatus_to_exitcode(ended["status"])
             read = lambda p: Path(p).read_text(errors="replace") if Path(p).exists() else ""  # noqa: E731
             return code, read(f"{tmp}/out"), "" if merge else read(f"{tmp}/err")
 
@@ -165,12 +189,17 @@ class _Pool:
         self.imported: set[str] = set()
         self.lock = threading.Lock()
         self.fresh = os.environ.get("CCEXP_TESTS_FRESH") == "1"
+        self.why = ""  # why the last command ran fresh: the variables its environment differs in from a warm one
 
-    def run(self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float,
-            merge: bool) -> tuple[int, str, str] | None:
+    def warm_for(self, env: dict[str, str]) -> _Warm | None:
+        """The warm process for ``env``'s import-time environment, started on first use; None where the command
+        runs fresh (``CCEXP_TESTS_FRESH``, a third environment, one that could not start, or one busy with a
+        command still running in the background). ``self.why`` says why, for the log."""
         with self.lock:
             key = _imports_see(env, self.imported)
             if self.fresh or (key not in self.warm and len(self.warm) >= self.MAX_WARM):
+                self.why = "" if self.fresh else "differs in " + ",".join(sorted(
+                    {k for k, _ in key.symmetric_difference(min(self.warm, key=lambda w: len(w ^ key)))}))
                 return None
             if key not in self.warm:
                 started = _Warm(env)
@@ -180,10 +209,18 @@ class _Pool:
                     self.warm = {_imports_see(dict(k), self.imported): w for k, w in self.warm.items()}
                     key = _imports_see(env, self.imported)
             warm = self.warm[key]
-            done = warm.run(module, args, cwd, env, timeout, merge) if warm is not None else None
             if warm is not None and warm.proc is None:
-                self.warm[key] = None  # gone: the commands of its environment run fresh from now on
-            return done
+                self.warm[key] = warm = None  # gone: the commands of its environment run fresh from now on
+            self.why = "busy with a command in the background" if warm is not None and warm.busy else ""
+            if warm is None or warm.busy:
+                return None
+            warm.busy = True  # claimed under the lock: one command at a time; ``ended`` frees it
+            return warm
+
+    def run(self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float,
+            merge: bool) -> tuple[int, str, str] | None:
+        warm = self.warm_for(env)
+        return warm.run(module, args, cwd, env, timeout, merge) if warm is not None else None
 
 
 WARM = _Pool()
@@ -203,11 +240,109 @@ def python_m(module: str, *args: str, cwd: Path | str | None = None, env: dict[s
                               stderr=subprocess.STDOUT if merge else subprocess.PIPE)
     else:
         proc = subprocess.CompletedProcess(cmd, done[0], done[1], None if merge else done[2])
-    if os.environ.get("CCEXP_TESTS_WARM_LOG"):  # where each command ran and how long it took
-        with open(os.environ["CCEXP_TESTS_WARM_LOG"], "a") as log:
-            log.write(f"{'fresh' if done is None else 'warm'} {time.monotonic() - started:.1f} "
-                      f"{os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]} {module}\n")
+    _log(done is not None, started, module)
     return proc
+
+
+def _log(warm: bool, started: float, module: str) -> None:
+    """With ``CCEXP_TESTS_WARM_LOG``: where a command ran, its seconds, its test, and why it ran fresh."""
+    if os.environ.get("CCEXP_TESTS_WARM_LOG"):
+        with open(os.environ["CCEXP_TESTS_WARM_LOG"], "a") as log:
+            log.write(f"{'warm' if warm else 'fresh'} {time.monotonic() - started:.1f} "
+                      f"{os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]} {module} {'' if warm else WARM.why}\n")
+
+
+class Running:
+    """A command started by [`python_popen`][warm.python_popen] in a child of a warm process: the part of
+    ``subprocess.Popen`` the tests use (``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``send_signal``,
+    ``kill``, ``communicate``). Its output goes to files, not pipes: ``stdout`` (a path the test reads while it
+    runs, or a temporary file) and ``stderr`` (a file of its own, or ``stdout``'s with ``merge``)."""
+
+    def __init__(self, warm: _Warm, module: str, args: list[str], cwd: Path, env: dict[str, str],
+                 stdout: Path | None, merge: bool) -> None:
+        self.args = [sys.executable, "-m", module, *args]
+        self.module, self.warm, self.returncode, self.started = module, warm, None, time.monotonic()
+        self.tmp = tempfile.TemporaryDirectory(prefix="ccexp-warm-")
+        self.stdout_path = Path(stdout) if stdout is not None else Path(self.tmp.name) / "out"
+        self.stderr_path = None if merge else Path(self.tmp.name) / "err"
+        self.stdout_path.write_text("")  # there to read from the start, as Popen's open file is
+        self.pid = warm.start(module, args, cwd, env, str(self.stdout_path),
+                              None if merge else str(self.stderr_path))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._ended(self.warm.ended(self.pid, 0))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._ended(self.warm.ended(self.pid, 1e9 if timeout is None else timeout))
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _ended(self, code: int | None) -> None:
+        if code is not None and self.returncode is None:
+            self.returncode = code
+            _log(True, self.started, self.module)
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """``(stdout, stderr)`` once the command has ended (stderr None with ``merge``)."""
+        self.wait(timeout)
+        read = lambda p: p.read_text(errors="replace") if p.exists() else ""  # noqa: E731
+        return read(self.stdout_path), None if self.stderr_path is None else read(self.stderr_path)
+
+
+def python_popen(module: str, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
+                 stdout: Path | None = None, merge: bool = False) -> Running:
+    """``subprocess.Popen([python, "-m", module, *args], text=True)`` for a command a test signals or watches
+    while it runs, started in a child of a warm process where one is free ([`Running`][warm.Running]), else
+    fresh. ``stdout``: a file the output is written to as it comes (the test may read it meanwhile), else a
+    temporary one that ``communicate`` reads; ``merge``: stderr into it too. A fresh process writes the same
+    files."""
+    env = dict(os.environ if env is None else env)
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    warm = WARM.warm_for(env)
+    if warm is not None:
+        running = Running(warm, module, list(args), cwd, env, stdout, merge)
+        if running.pid is not None:
+            return running
+    return _FreshRunning(module, list(args), cwd, env, stdout, merge)
+
+
+class _FreshRunning(Running):
+    """[`Running`][warm.Running] in a fresh process (``subprocess.Popen`` writing the same files)."""
+
+    def __init__(self, module: str, args: list[str], cwd: Path, env: dict[str, str], stdout: Path | None,
+                 merge: bool) -> None:
+        self.args = [sys.executable, "-m", module, *args]
+        self.module, self.returncode, self.started = module, None, time.monotonic()
+        self.tmp = tempfile.TemporaryDirectory(prefix="ccexp-fresh-")
+        self.stdout_path = Path(stdout) if stdout is not None else Path(self.tmp.name) / "out"
+        self.stderr_path = None if merge else Path(self.tmp.name) / "err"
+        with self.stdout_path.open("w") as out, open(self.stderr_path or os.devnull, "w") as err:
+            self.proc = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT if merge else err)
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.proc.poll() is not None:
+            self.returncode = self.proc.returncode
+            _log(False, self.started, self.module)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.proc.wait(timeout)
+            self.poll()
+        return self.returncode
 
 
 if __name__ == "__main__":
