@@ -86,3 +86,66 @@ def test_a_constant_metric_has_zero_spread_and_its_own_mean(value, n):
     mean, half = mean_ci([value] * n)
     assert mean == value and half == 0.0
     assert signal_and_noise({"a": [value] * n, "b": [value] * n})["noise"] == 0.0
+
+
+# -- issue 61: the verdict's error rates: rows at once, p-values, a family's level, Benjamini-Hochberg -------------------
+finite = st.floats(-1e3, 1e3, allow_nan=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(finite, min_size=4, max_size=4), min_size=1, max_size=6), st.sampled_from([0.9, 0.95, 0.99]))
+def test_mean_ci_rows_is_mean_ci_row_by_row_and_its_p_value_agrees_with_the_interval(rows, level):
+    """Each row's mean and half-width are ``mean_ci``'s, and the paired t-test's p-value is below ``1 − level``
+    exactly where the row's interval at ``level`` excludes 0 (the report's two readings of one test)."""
+    from ccexp.compare.stats import decided, mean_ci_rows, paired_p
+
+    d = np.array(rows)
+    mean, half = mean_ci_rows(d, level)
+    for row, m, h in zip(d, mean, half):
+        assert (m, h) == pytest.approx(mean_ci(row, level), rel=1e-12, abs=1e-12)
+    p = paired_p(d)
+    away = np.abs(p - (1 - level)) > 1e-9  # not on the boundary, where rounding may say either
+    assert np.array_equal(decided(mean, half)[away], (p < 1 - level)[away])
+
+
+def test_paired_p_is_scipys_one_sample_t_test():
+    from ccexp.compare.stats import paired_p
+
+    d = np.random.default_rng(3).normal(0.3, 1.0, (5, 7))
+    assert paired_p(d) == pytest.approx(stats.ttest_1samp(d, 0.0, axis=1).pvalue, rel=1e-10)
+    assert paired_p(np.array([[0.2, 0.2, 0.2], [0.0, 0.0, 0.0]])).tolist() == [0.0, 1.0]
+    assert math.isnan(paired_p(np.array([[1.0]]))[0])
+
+
+def test_family_level_is_bonferroni():
+    from ccexp.compare.stats import family_level
+
+    assert family_level(0.95, 1) == 0.95 and family_level(0.95, 2) == pytest.approx(0.975)
+    with pytest.raises(ValueError):
+        family_level(0.95, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=30), st.sampled_from([0.05, 0.1]))
+def test_fdr_decisions_are_the_benjamini_hochberg_step_up_and_fcr_intervals_exclude_zero_exactly_where_called(p, q):
+    """The called set is every p-value at or below p_(k), k the largest rank with p_(k) <= k q / m (the step-up
+    definition, counted here directly), and at the level ``fcr_level`` gives, an interval excludes 0 (its p-value is
+    below ``1 − level``) exactly for the called comparisons (Benjamini & Yekutieli 2005)."""
+    from ccexp.compare.stats import fcr_level, fdr_decisions
+
+    p = np.array(p)
+    m = p.size
+    ranked = np.sort(p)
+    k = max((i + 1 for i in range(m) if ranked[i] <= (i + 1) * q / m), default=0)
+    want = p <= ranked[k - 1] if k else np.zeros(m, dtype=bool)
+    got = fdr_decisions(p, q)
+    assert np.array_equal(got, want)
+    level = fcr_level(q, int(got.sum()), m)
+    clear = np.abs(p - (1 - level)) > 1e-12
+    assert np.array_equal(got[clear], (p <= 1 - level)[clear])
+
+
+def test_fdr_decisions_leave_unknown_p_values_out_of_the_count():
+    from ccexp.compare.stats import fdr_decisions
+
+    assert fdr_decisions([0.02, math.nan, 0.03]).tolist() == [True, False, True]  # m = 2, not 3

@@ -37,14 +37,94 @@ def sample_sd(values) -> float:
 
 
 def mean_ci(values, level: float = 0.95) -> tuple[float, float]:
-    """Mean and half-width of the ``level`` confidence interval (Student's t); half-width NaN for n < 2."""
+    """Mean and half-width of the ``level`` confidence interval (Student's t) of float[n] ``values``; half-width NaN
+    for n < 2 (one row of [`mean_ci_rows`][ccexp.compare.stats.mean_ci_rows])."""
+    mean, half = mean_ci_rows(np.asarray(values, dtype=float).reshape(1, -1), level)
+    return float(mean[0]), float(half[0])
+
+
+def mean_ci_rows(diffs, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """[`mean_ci`][ccexp.compare.stats.mean_ci] of every row at once: ``diffs`` float[..., n] (the seeds on the last
+    axis), the means and half-widths float[...]; half-width NaN where n < 2, exactly 0 where a row's values are all
+    the same (its mean is then that value)."""
     from scipy import stats
 
-    x = np.asarray(values, dtype=float)
-    if x.size < 2:
-        return float(x.mean()) if x.size else math.nan, math.nan
-    half = stats.t.ppf(0.5 + level / 2, x.size - 1) * sample_sd(x) / math.sqrt(x.size)
-    return (float(x[0]) if np.ptp(x) == 0 else float(x.mean())), float(half)
+    x = np.asarray(diffs, dtype=float)
+    n = x.shape[-1]
+    if n == 0:
+        return np.full(x.shape[:-1], math.nan), np.full(x.shape[:-1], math.nan)
+    same = np.ptp(x, axis=-1) == 0
+    mean = np.where(same, x[..., 0], x.mean(axis=-1))
+    if n < 2:
+        return mean, np.full(mean.shape, math.nan)
+    sd = np.where(same, 0.0, x.std(axis=-1, ddof=1))
+    return mean, stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+
+
+def decided(mean, half) -> np.ndarray:
+    """bool[...]: the interval ``mean ± half`` excludes 0, so [`verdict`][ccexp.compare.stats.verdict] says better or
+    worse (False for a NaN mean or half-width)."""
+    mean, half = np.asarray(mean, dtype=float), np.asarray(half, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return ~(np.isnan(mean) | np.isnan(half)) & (np.abs(mean) > half)
+
+
+def paired_p(diffs) -> np.ndarray:
+    """float[...]: the two-sided p-value of the paired t-test (mean of the differences 0) for each row of ``diffs``
+    float[..., n], n >= 2; 0 for a row of one nonzero value repeated, 1 for a row of zeros, NaN for n < 2. It is
+    below ``1 − level`` exactly where the interval of [`mean_ci_rows`][ccexp.compare.stats.mean_ci_rows] excludes 0."""
+    from scipy import stats
+
+    x = np.asarray(diffs, dtype=float)
+    n = x.shape[-1]
+    if n < 2:
+        return np.full(x.shape[:-1], math.nan)
+    mean, _ = mean_ci_rows(x)
+    sd = np.where(np.ptp(x, axis=-1) == 0, 0.0, x.std(axis=-1, ddof=1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(sd > 0, mean / (sd / math.sqrt(n)), np.where(mean == 0, 0.0, np.inf))
+    return 2 * stats.t.sf(np.abs(t), n - 1)
+
+
+def family_level(level: float, comparisons: int) -> float:
+    """The per-comparison confidence level that keeps the chance of any false call among ``comparisons`` at most
+    ``1 − level`` (Bonferroni): ``1 − (1 − level) / comparisons``. The verdict uses it for the primary metric's
+    comparisons, one per sampler against the baseline (a family of ``comparisons`` >= 1).
+
+    Raises:
+        ValueError: for ``comparisons`` < 1 or ``level`` outside (0, 1).
+    """
+    if comparisons < 1 or not 0 < level < 1:
+        raise ValueError(f"level={level}, comparisons={comparisons}: need level in (0, 1) and comparisons >= 1")
+    return 1 - (1 - level) / comparisons
+
+
+def fdr_decisions(pvalues, q: float = 0.05) -> np.ndarray:
+    """bool[m]: which of ``pvalues`` float[m] the Benjamini–Hochberg step-up procedure calls at false discovery rate
+    ``q`` (Benjamini & Hochberg 1995, J. R. Stat. Soc. B 57:289; ``scipy.stats.false_discovery_control``); NaN
+    p-values are never called and do not count among the m."""
+    from scipy import stats
+
+    p = np.asarray(pvalues, dtype=float)
+    out = np.zeros(p.shape, dtype=bool)
+    known = ~np.isnan(p)
+    if known.any():
+        out[known] = stats.false_discovery_control(p[known], method="bh") <= q
+    return out
+
+
+def fcr_level(q: float, selected: int, comparisons: int) -> float:
+    """The confidence level of the intervals shown beside Benjamini–Hochberg decisions: ``1 − R·q/m`` for ``R``
+    comparisons called out of ``m`` (``1 − q/m`` when none is), which keeps the false coverage-statement rate of the
+    called intervals at most ``q`` and makes each interval exclude 0 exactly where its comparison is called
+    (Benjamini & Yekutieli 2005, "False discovery rate-adjusted multiple confidence intervals", JASA 100:71, §2).
+
+    Raises:
+        ValueError: for ``comparisons`` < 1, ``selected`` outside [0, comparisons] or ``q`` outside (0, 1).
+    """
+    if comparisons < 1 or not 0 <= selected <= comparisons or not 0 < q < 1:
+        raise ValueError(f"q={q}, selected={selected}, comparisons={comparisons}")
+    return 1 - max(selected, 1) * q / comparisons
 
 
 def verdict(mean: float, half: float, lower_is_better: bool = True) -> str:
