@@ -97,7 +97,7 @@ def test_extending_a_finished_two_seed_sweep_to_three_seeds_trains_only_the_new_
     parent = client.get_run(after[0].data.tags["mlflow.parentRunId"])
     assert [a.path for a in client.list_artifacts(parent.info.run_id)][0] == "by_sampler.png"
     assert parent.data.tags["mlflow.note.content"].startswith("**ccexp comparison: 6 runs")
-    assert "verdict against random on macro ppl" in parent.data.tags["mlflow.note.content"]
+    assert "verdict against random on bits per byte" in parent.data.tags["mlflow.note.content"]
     m = parent.data.metrics
     assert {"random macro ppl", "uniform macro ppl", "uniform macro vs random pct", "uniform macro vs random pct ci"} <= set(m)
     after = [r for r in after if r.info.status == "FINISHED"]  # (the killed job's run keeps the first report's)
@@ -136,22 +136,29 @@ def test_the_report_leads_with_the_verdict_signal_noise_and_seeds_needed():
     runs = []
     for s in range(6):
         base = 100 + rng.normal(0, 3)
-        runs += [fake_run("random", s, {"eval/ppl_macro": base, "eval/ppl": base}),
-                 fake_run("uniform", s, {"eval/ppl_macro": base - 5 + rng.normal(0, 0.5), "eval/ppl": base + 0.1}),
-                 fake_run("temperature", s, {"eval/ppl_macro": base + rng.normal(0, 2), "eval/ppl": base})]
+        uniform, temperature = base - 5 + rng.normal(0, 0.5), base + rng.normal(0, 2)
+        runs += [fake_run("random", s, {"eval/ppl_macro": base, "eval/ppl": base, "eval/bpb": base / 100}),
+                 fake_run("uniform", s, {"eval/ppl_macro": uniform, "eval/ppl": base + 0.1, "eval/bpb": uniform / 100}),
+                 fake_run("temperature", s, {"eval/ppl_macro": temperature, "eval/ppl": base,
+                                             "eval/bpb": temperature / 100})]
     c = comparison(runs, min_effect=0.02, sweep_dir=Path("/s"), task_overrides=["sampler=random,uniform,temperature",
                                                                                 "seed=0,1,2,3,4,5"])
     md = c.markdown()
     assert md.index("## Verdict against random") < md.index("## Every metric")
     rows = {(r.metric, r.sampler): r for r in c.verdict()[0]}
-    assert rows["eval/ppl_macro", "uniform"].verdict == "better"  # a steady -5 %
-    assert rows["eval/ppl_macro", "temperature"].verdict == "unresolved"
-    assert "| macro ppl (clusters equal) | " in md and "**better** -5." in md
+    assert rows["eval/bpb", "uniform"].verdict == "better"  # a steady -5 %
+    assert rows["eval/bpb", "temperature"].verdict == "unresolved"
+    # one question, bits per byte, first; two samplers share its 5 % (Bonferroni); macro ppl is marked, exploratory
+    assert md.index("| **bits per byte: the question** | ") < md.index("| macro ppl (clusters equal) † | ")
+    assert "**The question: bits per byte**" in md and "each interval at 97.5%" in md and "**exploratory**" in md
+    assert "**better** -5." in md
+    assert all(r.primary == (r.metric == "eval/bpb") for r in rows.values())
     assert "### Signal, noise and seeds needed" in md and "signal / noise" in md
-    r = rows["eval/ppl_macro", "temperature"]
+    r = rows["eval/bpb", "temperature"]
     from ccexp.compare.stats import seeds_to_detect
 
-    assert r.seeds_min_effect == seeds_to_detect(0.02 * r.baseline_mean, r.sd)
+    assert r.level == pytest.approx(0.975)
+    assert r.seeds_min_effect == seeds_to_detect(0.02 * r.baseline_mean, r.sd, alpha=0.025)
     command = c.verdict()[1]  # temperature needs more seeds for 2 %: the command adds them to the same folder
     assert re.match(r"\S*python\S* -m ccexp -m sampler=random,uniform,temperature ('seed=range\(0,\d+\)'|seed=0,1,2,3,4,5,6)",
                     command), command

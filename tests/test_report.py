@@ -115,7 +115,8 @@ def test_a_curve_still_moving_at_the_end_is_named_from_the_real_store(tmp_path):
             client.log_param(r.info.run_id, "seed", seed)
             client.log_batch(r.info.run_id, metrics=[Metric("curve/ppl_macro", v * (1 + seed / 100), 0, 200_000 * i)
                                                      for i, v in enumerate(curve)]
-                             + [Metric("eval/ppl_macro", curve[-1] + seed, 0, 0), Metric("train/tokens", 8e5, 0, 0)])
+                             + [Metric("eval/ppl_macro", curve[-1] + seed, 0, 0), Metric("train/tokens", 8e5, 0, 0),
+                                Metric("eval/bpb", (curve[-1] + seed) / 50, 0, 0)])
             client.set_terminated(r.info.run_id)
     files, c = write_report(client, out_dir=tmp_path / "report")
     assert list(c.moving) == ["random"] and c.moving["random"] == (pytest.approx(65 / 50 - 1), 600_000, 800_000)
@@ -144,10 +145,10 @@ def test_the_command_that_adds_seeds_states_its_cost_and_a_much_cheaper_metric_i
     from ccexp.compare.verdict import PRIMARY
 
     timing = {"train/tokens_per_s": 1000.0, "time/total_seconds": 10.0, "time/train_seconds": 4.0}
-    macro = {("random", 0): 10.0, ("random", 1): 10.0, ("uniform", 0): 10.5, ("uniform", 1): 9.6}
-    bpb = {("random", 0): 1.0, ("random", 1): 1.0, ("uniform", 0): 0.99, ("uniform", 1): 0.989}
-    runs = [run(s, i, {PRIMARY: macro[s, i], "eval/bpb": bpb[s, i], **timing}) for s in ("random", "uniform")
-            for i in (0, 1)]
+    noisy = {("random", 0): 10.0, ("random", 1): 10.0, ("uniform", 0): 10.5, ("uniform", 1): 9.6}
+    steady = {("random", 0): 1.0, ("random", 1): 1.0, ("uniform", 0): 0.99, ("uniform", 1): 0.989}
+    runs = [run(s, i, {PRIMARY: noisy[s, i], "eval/ppl": steady[s, i], "eval/ppl_macro": steady[s, i], **timing})
+            for s in ("random", "uniform") for i in (0, 1)]
     c = Comparison.of(runs, title="t", group_by="sampler", baseline="random", require_baseline=False,
                       sweep_dir=Path("/sweeps/s"), task_overrides=["hydra/launcher=packed", "seed=0,1"])
     rows, command = c.verdict()
@@ -160,12 +161,13 @@ def test_the_command_that_adds_seeds_states_its_cost_and_a_much_cheaper_metric_i
     lines = verdict_lines(c, rows, command)
     assert f"(report.min_effect) ({cost}): {command}" in "\n".join(lines)
     need = {r.metric: r.seeds_min_effect for r in rows}
-    assert need["eval/bpb"] * 2 <= need[PRIMARY]
-    assert any(line.startswith(f"  bits per byte needs about {need['eval/bpb']:,} seeds to detect the same share "
-                               f"where macro ppl (clusters equal) needs {need[PRIMARY]:,}") for line in lines)
+    assert need["eval/ppl"] * 2 <= need[PRIMARY] and need["eval/ppl_macro"] == need["eval/ppl"]
+    # the cheaper metric named is overall ppl, never macro ppl (which favours balancing by construction)
+    assert any(line.startswith(f"  overall ppl needs about {need['eval/ppl']:,} seeds to detect the same share "
+                               f"where bits per byte needs {need[PRIMARY]:,}") for line in lines)
     assert cost in c.markdown()
     # without a measured speed there is no figure to give, and no cost is made up
-    bare = Comparison.of([run(s, i, {PRIMARY: macro[s, i]}) for s in ("random", "uniform") for i in (0, 1)],
+    bare = Comparison.of([run(s, i, {PRIMARY: noisy[s, i]}) for s in ("random", "uniform") for i in (0, 1)],
                          title="t", group_by="sampler", baseline="random", require_baseline=False,
                          sweep_dir=Path("/sweeps/s"), task_overrides=["seed=0,1"])
     bare.verdict()
@@ -195,17 +197,19 @@ def test_each_sampler_gets_its_verdict_in_one_line_and_the_per_run_differences_a
     from ccexp.compare.report import headline_differences
     from ccexp.compare.verdict import arm_verdicts
 
-    runs = [run("random", s, {"eval/ppl_macro": 100.0 + 10 * s}) for s in range(3)]
-    runs += [run("uniform", s, {"eval/ppl_macro": 90.0 + 10 * s + s}) for s in range(3)]
+    both = lambda v: {"eval/ppl_macro": v, "eval/bpb": v / 100}  # noqa: E731 (the question is bits per byte)
+    runs = [run("random", s, both(100.0 + 10 * s)) for s in range(3)]
+    runs += [run("uniform", s, both(90.0 + 10 * s + s)) for s in range(3)]
     for i, r in enumerate(runs):
         r.info = SimpleNamespace(run_id=f"r{i}")
     c = comparison(runs)
     rows, _ = c.verdict()
     words = arm_verdicts(c, rows)
-    d = c.paired["eval/ppl_macro"]["uniform"]
+    q = c.paired["eval/bpb"]["uniform"]
     assert words["random"] == "random: the baseline"
-    assert words["uniform"] == (f"uniform: better on macro ppl, {d['mean'] / d['baseline_mean']:+.1%} ± "
-                                f"{d['half'] / d['baseline_mean']:.1%} vs random (3 seeds)")
+    assert words["uniform"] == (f"uniform: better on bits per byte, {q['mean'] / q['baseline_mean']:+.1%} ± "
+                                f"{q['half'] / q['baseline_mean']:.1%} vs random (3 seeds)")
+    d = c.paired["eval/ppl_macro"]["uniform"]
     values = headline_differences(c)
     mine = [values[f"r{i}"]["macro vs random pct"] for i in range(3, 6)]
     assert [values[f"r{i}"]["macro vs random pct"] for i in range(3)] == [0.0] * 3
@@ -224,11 +228,11 @@ def test_compute_time_is_said_in_the_unit_that_reads_it():
 def test_an_unresolved_difference_whose_seed_estimate_is_already_met_says_more_seeds_not_a_number_already_run():
     """'unresolved ... (n=2); about 2 seeds would resolve it' read as a contradiction (a new user's try): when the
     estimate is no more than the seeds run, the line says these seeds did not resolve it and more decide it."""
-    runs = [run("random", s, {"eval/ppl_macro": 100.0 + [0.0, 3.0][s]}) for s in range(2)]
-    runs += [run("uniform", s, {"eval/ppl_macro": [110.0, 115.83][s]}) for s in range(2)]  # 10 and 12.83
+    runs = [run("random", s, {"eval/bpb": 100.0 + [0.0, 3.0][s]}) for s in range(2)]
+    runs += [run("uniform", s, {"eval/bpb": [110.0, 115.83][s]}) for s in range(2)]  # 10 and 12.83
     c = comparison(runs)
     rows, command = c.verdict()
-    (row,) = [r for r in rows if r.metric == "eval/ppl_macro"]
+    (row,) = [r for r in rows if r.metric == "eval/bpb"]
     assert row.verdict == "unresolved" and row.seeds_observed <= row.n == 2
     line = next(ln for ln in verdict_lines(c, rows, command) if ln.strip().startswith("uniform:"))
     assert "not resolved by these 2 seeds" in line and "more seeds decide it" in line

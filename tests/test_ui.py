@@ -40,7 +40,7 @@ def test_the_view_compares_the_latest_sweeps_runs_by_sampler_on_the_headline_met
     state = json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])
     assert state["searchFilter"] == f"tags.`mlflow.parentRunId` = '{latest}' and attributes.status = 'FINISHED'"
     assert state["selectedColumns"][:3] == ["metrics.`eval/ppl`", "metrics.`eval/ppl_macro`", "metrics.`eval/bpb`"]
-    assert state["orderByKey"] == "metrics.`eval/ppl_macro`" and state["orderByAsc"] is True
+    assert state["orderByKey"] == "metrics.`eval/bpb`" and state["orderByAsc"] is True  # the question first
     assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "sampler.name"}]
     # the filter selects exactly the latest sweep's runs
     runs = client.search_runs([exp], state["searchFilter"])

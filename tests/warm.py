@@ -8,8 +8,8 @@ the working directory first on ``sys.path``) and ends through the interpreter's 
 
 A warm process serves the commands whose environment is the one it was started with in every variable that
 imports can read (all but the prefixes in ``RUNTIME_VARIABLES``, and those the imports set themselves); a worker
-keeps at most two (with and without ``PYTHONWARNINGS=ignore``), and runs any other command in a fresh process, as
-it does every command when a warm process cannot start. ``CCEXP_TESTS_FRESH=1`` runs every command fresh (to
+keeps at most three (with and without ``PYTHONWARNINGS=ignore``, and one other), and runs any other command in a
+fresh process, as it does every command when a warm process cannot start. ``CCEXP_TESTS_FRESH=1`` runs every command fresh (to
 compare); ``CCEXP_TESTS_WARM_LOG=<file>`` appends where each command ran and its seconds.
 
 Run as a script, this file is the warm process: it reads one JSON request per line on stdin and answers
@@ -182,7 +182,7 @@ class _Pool:
     """This pytest worker's warm processes, one per import-time environment (at most ``MAX_WARM``; a command of
     another environment runs fresh), each started on first use; one command at a time."""
 
-    MAX_WARM = 2
+    MAX_WARM = 3
 
     def __init__(self) -> None:
         self.warm: dict[frozenset, _Warm | None] = {}  # None: it could not start

@@ -13,15 +13,23 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ccexp.compare.stats import (MAX_SEEDS, sample_sd, seeds_for_half_width, seeds_to_detect, signal_and_noise,
-                                  verdict)
+from ccexp.compare.stats import (MAX_SEEDS, family_level, fcr_level, fdr_decisions, mean_ci, paired_p, sample_sd,
+                                  seeds_for_half_width, seeds_to_detect, signal_and_noise, verdict)
 
 # the metrics a verdict is given for, in this order (then every per-label perplexity), with their names
-HEADLINE_NAMES = {"eval/ppl": "overall ppl", "eval/ppl_macro": "macro ppl (clusters equal)",
+HEADLINE_NAMES = {"eval/bpb": "bits per byte", "eval/ppl": "overall ppl", "eval/ppl_macro": "macro ppl (clusters equal)",
                   "eval/ppl_worst": "worst-cluster ppl", "eval/ppl_rare": "rarest-quintile ppl",
-                  "eval/ppl_common": "commonest-quintile ppl", "eval/bpb": "bits per byte",
-                  "eval/bpb_macro": "macro bits per byte"}
-PRIMARY = "eval/ppl_macro"  # the metric the extension command sizes the sweep for
+                  "eval/ppl_common": "commonest-quintile ppl", "eval/bpb_macro": "macro bits per byte"}
+PRIMARY = "eval/bpb"
+"""The question a comparison answers: bits per byte over every held-out document as it comes (no cluster weighted
+up), the field's measure for data decisions (DataDecide, Paloma, Olmix: docs/comparisons.md). The verdict decides
+it for each sampler against the baseline (Bonferroni over the samplers); the extension command sizes the sweep for
+it. Runs without it (no scored bytes) are decided on overall perplexity."""
+FAVOURS_BALANCING = ("eval/ppl_macro", "eval/bpb_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common")
+"""Metrics averaged over (or picked among) ccexp's clusters, the clusters uniform and ClusterClip sample equally: a
+policy that balances clusters is judged by a metric that balances them, so they favour balancing by construction
+(marin-community/marin #6491). Reported as secondary, marked, never primary."""
+LEVEL = 0.95  # the primary question's confidence (split over the samplers); the secondaries' false discovery rate 5 %
 FEW_HELDOUT_DOCS = 20
 """A label value's perplexity on fewer held-out documents than this (``data.heldout_min_per_value``'s default) is
 marked too few to read: a handful of documents is a handful of samples, whatever the tokens."""
@@ -31,10 +39,11 @@ MOVING_TAIL = 0.2  # a held-out curve still moving over this last share of the t
 @dataclass
 class Row:
     """One sampler against the baseline on one metric. ``mean``/``half``: the paired difference and the
-    half-width of its 95 % CI (metric units); ``rel_*``: the same as shares of the baseline's mean over
-    the pairs; ``sd``: the differences' standard deviation; ``seeds_*``: seeds for 80 % power to
-    resolve the observed difference / to detect ``min_effect`` of the baseline, and for a CI of
-    ``± min_effect`` (None where there is no estimate of ``sd`` yet)."""
+    half-width of its confidence interval at ``level`` (metric units); ``rel_*``: the same as shares of the
+    baseline's mean over the pairs; ``sd``: the differences' standard deviation; ``seeds_*``: seeds for 80 % power
+    to resolve the observed difference / to detect ``min_effect`` of the baseline, and for a CI of ``± min_effect``
+    (None where there is no estimate of ``sd`` yet); ``primary``: the row answers the comparison's question;
+    ``p``: the paired t-test's two-sided p-value (NaN for one pair)."""
 
     metric: str
     sampler: str
@@ -47,6 +56,9 @@ class Row:
     seeds_observed: int | None
     seeds_min_effect: int | None
     seeds_half_width: int | None
+    primary: bool = False
+    level: float = LEVEL
+    p: float = math.nan
 
     @property
     def rel_mean(self) -> float:
@@ -65,20 +77,42 @@ def verdict_metrics(metrics: list[str]) -> list[str]:
 
 
 def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> list[Row]:
-    """Every (metric, sampler) of [`verdict_metrics`][ccexp.compare.verdict.verdict_metrics] with a paired difference against the baseline."""
+    """Every (metric, sampler) of [`verdict_metrics`][ccexp.compare.verdict.verdict_metrics] with a paired difference
+    against the baseline. One question is decided: [`PRIMARY`][ccexp.compare.verdict.PRIMARY] (else overall ppl),
+    each sampler at the level [`family_level`][ccexp.compare.stats.family_level] keeps for all of them together.
+    Every other row is exploratory: called by Benjamini-Hochberg at a 5 % false discovery rate over all of them
+    ([`fdr_decisions`][ccexp.compare.stats.fdr_decisions]), its interval at the level
+    [`fcr_level`][ccexp.compare.stats.fcr_level] gives (it excludes 0 exactly where the row is called)."""
+    pairs = [(m, g, d) for m in verdict_metrics(comparison.metrics) for g, d in comparison.paired.get(m, {}).items()]
+    same = {g for _, g, _ in pairs if comparison.identical_to_baseline(g)}
+    question = PRIMARY if any(m == PRIMARY for m, _, _ in pairs) else "eval/ppl"
+    asked = [(m, g, d) for m, g, d in pairs if m == question and g not in same]
+    others = [(m, g, d) for m, g, d in pairs if m != question and g not in same]
+    primary_level = family_level(LEVEL, max(1, len(asked)))
+    p = {(m, g): float(paired_p([d["diffs"]])[0]) for m, g, d in pairs}
+    called = dict(zip([(m, g) for m, g, _ in others], fdr_decisions([p[m, g] for m, g, _ in others], 1 - LEVEL)))
+    known = sum(1 for m, g, _ in others if not math.isnan(p[m, g]))
+    secondary_level = fcr_level(1 - LEVEL, sum(called.values()), known) if known else LEVEL
     rows = []
-    for m in verdict_metrics(comparison.metrics):
-        for g, d in comparison.paired.get(m, {}).items():
-            diffs, base = d["diffs"], d["baseline_mean"]
-            sd = sample_sd(diffs) if len(diffs) >= 2 else math.nan
-            lower = not m.startswith("lm_eval/") or m.endswith("perplexity")
-            known = not math.isnan(sd)
-            rows.append(Row(m, g, len(diffs), base, d["mean"], d["half"], sd,
-                            "identical stream" if comparison.identical_to_baseline(g) else
-                            verdict(d["mean"], d["half"], lower_is_better=lower),
-                            seeds_to_detect(d["mean"], sd, power=power) if known else None,
-                            seeds_to_detect(min_effect * abs(base), sd, power=power) if known and base else None,
-                            seeds_for_half_width(sd, min_effect * abs(base)) if known and base else None))
+    for m, g, d in pairs:
+        level = primary_level if m == question else secondary_level
+        diffs, base = d["diffs"], d["baseline_mean"]
+        mean, half = mean_ci(diffs, level)
+        sd = sample_sd(diffs) if len(diffs) >= 2 else math.nan
+        lower = not m.startswith("lm_eval/") or m.endswith("perplexity")
+        word = verdict(mean, half, lower_is_better=lower)
+        if g in same:
+            word = "identical stream"
+        elif m != question and word != "unresolved" and not called[m, g]:  # rounding at the edge: BH decides
+            word = "unresolved"
+        known_sd = not math.isnan(sd)
+        alpha = 1 - level if m == question else 1 - LEVEL
+        rows.append(Row(m, g, len(diffs), base, mean, half, sd, word,
+                        seeds_to_detect(mean, sd, alpha=alpha, power=power) if known_sd else None,
+                        seeds_to_detect(min_effect * abs(base), sd, alpha=alpha, power=power)
+                        if known_sd and base else None,
+                        seeds_for_half_width(sd, min_effect * abs(base), level) if known_sd and base else None,
+                        primary=m == question, level=level, p=p[m, g]))
     return rows
 
 
@@ -159,6 +193,12 @@ def few_documents(comparison) -> list[str]:
             "`data.heldout_min_per_value` held-out documents (at most half of its documents)."]
 
 
+def _alpha(rows: list[Row]) -> str:
+    """The seeds-needed test's level in words: the question's share of 5 % where it is split over samplers."""
+    level = next((r.level for r in rows if r.primary and r.verdict != "identical stream"), LEVEL)
+    return "0.05" if level >= LEVEL else f"{1 - level:.3g} for the question (0.05 split over the samplers), 0.05 for the rest"
+
+
 def _seeds(n: int | None) -> str:
     return "n/a (needs 2 seeds)" if n is None else f"> {MAX_SEEDS:,}" if n > MAX_SEEDS else f"{n:,}"
 
@@ -178,26 +218,26 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
                 f"nothing to decide. Run {base} and the other samplers with the same seeds.", *not_scored(comparison),
                 ""]
     by = {(r.metric, r.sampler): r for r in rows}
-    metrics = list(dict.fromkeys(r.metric for r in rows))
-    md = [f"## Verdict against {base}", "",
-          f"{comparison.budget} Each sampler is paired with {base} seed by seed (same initialisation and data "
-          f"clustering); a difference is *better* or *worse* when its 95 % confidence interval (Student's t over the "
-          f"pairs) excludes 0, else *unresolved*. Differences are shown as a share of {base}'s mean, then in the "
-          "metric's units; lower is better for perplexity and bits per byte. Each row is its own test: among many "
-          "rows, about one in twenty differences that are not real will read better or worse by chance.", "",
+    metrics = list(dict.fromkeys(r.metric for r in sorted(rows, key=lambda r: not r.primary)))
+    md = [f"## Verdict against {base}", "", f"{comparison.budget} Each sampler is paired with {base} seed by seed "
+          "(same initialisation and data clustering). Differences are shown as a share of "
+          f"{base}'s mean, then in the metric's units; lower is better for perplexity and bits per byte.", "",
+          *question_paragraph(rows, base), "",
           f"| metric | {base} | " + " | ".join(f"{g} − {base}" for g in samplers) + " |",
           "|---|---:|" + "---|" * len(samplers)]
     for m in metrics:
         first = next(r for r in rows if r.metric == m)
         cells = [f"**{by[m, g].verdict}** {_diff(by[m, g])}" if (m, g) in by else "—" for g in samplers]
-        md.append(f"| {scored_name(comparison, m)} | {first.baseline_mean:.4g} | " + " | ".join(cells) + " |")
+        name = (f"**{scored_name(comparison, m)}: the question**" if first.primary else
+                scored_name(comparison, m) + (" †" if m in FAVOURS_BALANCING else ""))
+        md.append(f"| {name} | {first.baseline_mean:.4g} | " + " | ".join(cells) + " |")
     md += not_scored(comparison) + few_documents(comparison) + moving_note(comparison)
     if all(r.n < 2 for r in rows):  # one seed: a section of n/a would say nothing; say what comes next
         return md + next_seed(comparison, command) + [""]
     md += ["", "### Signal, noise and seeds needed", "",
            "Noise: the seed-to-seed standard deviation within a sampler, pooled; signal: the spread between the "
            "samplers' means (Heineman et al. 2025, \"Signal and Noise\"); both as a share of the mean. Seeds needed "
-           f"(paired two-sided t-test, α = 0.05, power {power:.0%}): to resolve the difference observed, to detect a "
+           f"(paired two-sided t-test, α = {_alpha(rows)}, power {power:.0%}): to resolve the difference observed, to detect a "
            f"difference of {min_effect:.0%} of {base}'s mean (`report.min_effect`), and for a confidence interval "
            f"of ± {min_effect:.0%}. These are the seeds that resolve a difference in {power:.0%} of sweeps; a difference "
            "already resolved by fewer seeds was resolved with some luck.", "",
@@ -218,10 +258,34 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
         md += ["", cheaper[0].upper() + cheaper[1:] + "."]
     if command:
         cost = comparison.extension_cost() if hasattr(comparison, "extension_cost") else None
-        md += ["", f"To add the seeds that {HEADLINE_NAMES[PRIMARY]} needs to detect {min_effect:.0%} to this same "
+        md += ["", f"To add the seeds that {HEADLINE_NAMES[_primary_rows(rows)[0].metric]} needs to detect {min_effect:.0%} to this same "
                "sweep (finished jobs and cached stages are reused, failed jobs rerun)" + (f"; {cost}" if cost else "")
                + ":", "", f"```bash\n{command}\n```"]
     return md + [""]
+
+
+def question_paragraph(rows: list[Row], base: str) -> list[str]:
+    """What the verdict decides and at what level: the primary question (Bonferroni over the samplers), then the
+    exploratory rows (Benjamini-Hochberg) and the mark on metrics that favour balancing."""
+    primary = _primary_rows(rows)
+    asked = [r for r in primary if r.verdict != "identical stream"]
+    level = asked[0].level if asked else LEVEL
+    name = HEADLINE_NAMES.get(primary[0].metric, primary[0].metric) if primary else "none"
+    others = [r for r in rows if not r.primary and r.verdict != "identical stream"]
+    split = (f" (split over the {len(asked)} samplers, Bonferroni: each interval at {level:.1%})"
+             if len(asked) > 1 else "")
+    text = [f"**The question: {name}** over every held-out document as it comes, no cluster weighted up. Each sampler "
+            f"is *better* or *worse* than {base} when the confidence interval of the paired difference (Student's t "
+            f"over the seeds) excludes 0, else *unresolved*; the chance of calling any sampler better or worse when "
+            f"none differs is at most {1 - LEVEL:.0%}{split}."]
+    if others:
+        level2 = others[0].level
+        text.append(f"Every other row is **exploratory**: {len(others)} comparisons, called by Benjamini-Hochberg at a "
+                    f"{1 - LEVEL:.0%} false discovery rate, each interval at {level2:.2%} (Benjamini & Yekutieli 2005: "
+                    "it excludes 0 exactly where the row is called). Read them as leads for the next sweep's question, "
+                    "not as findings. † averages over (or picks among) the clusters the samplers balance, so it "
+                    "favours balancing by construction.")
+    return [" ".join(text)]
 
 
 def cheaper_metric(rows: list[Row]) -> str | None:
@@ -232,20 +296,21 @@ def cheaper_metric(rows: list[Row]) -> str | None:
     for r in rows:
         if r.metric in HEADLINE_NAMES and r.seeds_min_effect is not None and r.verdict != "identical stream":
             need[r.metric] = max(need.get(r.metric, 0), min(r.seeds_min_effect, MAX_SEEDS))
-    if PRIMARY not in need or len(need) < 2:
+    question = next((r.metric for r in rows if r.primary), None)
+    if question not in need or len(need) < 2:
         return None
-    best = min((m for m in need if m != PRIMARY), key=lambda m: need[m])
-    if need[best] * 2 > need[PRIMARY]:
+    best = min((m for m in need if m != question and m not in FAVOURS_BALANCING), key=lambda m: need[m], default=None)
+    if best is None or need[best] * 2 > need[question]:
         return None
     return (f"{HEADLINE_NAMES[best]} needs about {need[best]:,} seeds to detect the same share where "
-            f"{HEADLINE_NAMES[PRIMARY]} needs {need[PRIMARY]:,}: if it is the question you ask, decide that before "
+            f"{HEADLINE_NAMES[question]} needs {need[question]:,}: if it is the question you ask, decide that before "
             "the next sweep (a metric picked after seeing the data is a forking path)")
 
 
 def seeds_wanted(rows: list[Row]) -> int | None:
     """The seeds the primary metric needs: the most over samplers for detecting ``min_effect`` (None
     without an estimate)."""
-    wanted = [r.seeds_min_effect for r in rows if r.metric == PRIMARY and r.seeds_min_effect is not None
+    wanted = [r.seeds_min_effect for r in rows if r.primary and r.seeds_min_effect is not None
               and r.verdict != "identical stream"]
     return min(max(wanted), MAX_SEEDS) if wanted else None
 
@@ -283,19 +348,19 @@ so each group's row starts with the verdict."""
 
 
 def _primary_rows(rows: list[Row]) -> list[Row]:
-    """The rows of the primary metric (macro perplexity), else of overall perplexity."""
-    return [r for r in rows if r.metric == PRIMARY] or [r for r in rows if r.metric == "eval/ppl"]
+    """The rows of the comparison's question ([`PRIMARY`][ccexp.compare.verdict.PRIMARY], else overall ppl)."""
+    return [r for r in rows if r.primary]
 
 
 def arm_verdicts(comparison, rows: list[Row]) -> dict[str, str]:
     """Per sampler, its verdict on the primary metric in one line, as the MLflow view's group rows show it
-    ([`VERDICT_TAG`][ccexp.compare.verdict.VERDICT_TAG]): ``uniform: unresolved on macro ppl, +6.6% ± 280.0% vs
+    ([`VERDICT_TAG`][ccexp.compare.verdict.VERDICT_TAG]): ``uniform: unresolved on bits per byte, +6.6% ± 280.0% vs
     random (2 seeds)``; the baseline's ``random: the baseline``. ``{}`` when no sampler is paired with the
     baseline."""
     primary = _primary_rows(rows)
     if not primary:
         return {}
-    short = {"eval/ppl_macro": "macro ppl", "eval/ppl": "ppl"}
+    short = {"eval/bpb": "bits per byte", "eval/ppl": "ppl"}
     out = {comparison.baseline: f"{comparison.baseline}: the baseline"}
     for r in primary:
         spread = "1 pair, no interval" if math.isnan(r.half) else f"± {r.rel_half:.1%}"
