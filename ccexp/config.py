@@ -763,6 +763,9 @@ class ReportConfig:
     """How a sweep's runs are compared (`ccexp.compare.report`, [`ccexp.compare.verdict`][ccexp.compare.verdict])."""
 
     baseline: str = "random"  # the sampler every other is paired with, seed by seed
+    # the question the verdict decides (held-out bits per byte); every other metric is exploratory. A sweep records
+    # it, with baseline, min_effect, power, seeds and budget, on its parent run before its first job
+    primary: str = "eval/bpb"
     min_effect: float = 0.02  # the smallest difference that matters, as a share of the baseline's mean
     power: float = 0.8  # the power the "seeds needed" should give (two-sided paired t-test at alpha 0.05)
     # skip, before any training, a sweep job whose token stream would be identical to an earlier job's

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ccexp import config as schemas
 from ccexp.build import build, check_buildable
+from ccexp.compare.verdict import check_primary
 from ccexp.embedding.shards import launch_rank
 from ccexp.errors import CcexpError
 from ccexp.tracking.loggers import trial_start
@@ -46,6 +47,7 @@ def preflight(cfg: DictConfig, multirun: bool = False) -> None:
     if not (0 < cfg.report.min_effect < 1 and 0 < cfg.report.power < 1):
         raise CcexpError(f"report.min_effect={cfg.report.min_effect} and report.power={cfg.report.power} must be in "
                          "(0, 1)")
+    check_primary(cfg.report.primary)
     if cfg.train.max_steps is not None and cfg.train.passes is None:
         raise CcexpError(f"train.max_steps={cfg.train.max_steps} caps the steps train.passes gives, and train.passes "
                          "is not set; set train.steps instead, or give train.passes too")

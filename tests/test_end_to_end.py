@@ -183,6 +183,40 @@ def test_comparison_report_gives_mean_and_95_ci_over_seeds(sweep, tmp_path):
     assert proc.returncode == 2 and "--baseline 'nope' has no finished run" in proc.stderr
 
 
+def test_the_question_is_recorded_on_the_parent_before_the_first_job_and_another_asked_later_is_post_hoc(sweep, tmp_path):
+    """Issue 61: the sweep fixes its comparison plan (primary metric, baseline, minimum effect, seeds, budget) on its
+    parent run before any job starts; its report says so; a report asked another question says "post hoc"; a metric
+    that favours balancing cannot be the question (one line, before any stage)."""
+    import json
+    from datetime import datetime, timezone
+
+    from ccexp.compare.verdict import PLAN_TAG
+
+    out, log = sweep
+    client, rs = runs(out)
+    (parent,) = client.search_runs([client.get_experiment_by_name("ccexp").experiment_id], "tags.`ccexp.sweep` = 'true'")
+    plan = json.loads(parent.data.tags[PLAN_TAG])
+    assert (plan["primary"], plan["baseline"], plan["min_effect"], plan["seeds"]) == ("eval/bpb", "random", 0.02, "0,1")
+    assert plan["budget"]["steps"] == 6 and plan["budget"]["tokens_per_step"] == 512
+    recorded = datetime.strptime(plan["recorded"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    assert recorded * 1000 <= min(r.info.start_time for r in rs)  # before the first job's run opened
+    assert "sweep: the question, fixed before the first job: bits per byte against random" in log
+    report = (out / "multirun").glob("*/*/report/report.md")
+    text = next(report).read_text()
+    assert "**The question: bits per byte**" in text and "Fixed before the runs: the sweep's plan" in text
+    assert "Post hoc" not in text
+    later = python_m("ccexp.report", "--store", str(out / "mlflow.db"), "--primary", "eval/ppl", "--out",
+                     str(tmp_path / "rep"))
+    assert later.returncode == 0, later.stderr[-3000:]
+    assert "verdict against random on overall ppl (post hoc: not the sweep's planned question)" in later.stdout
+    assert "**Post hoc:** this report decides overall ppl" in (tmp_path / "rep" / "report.md").read_text()
+    for refused in (python_m("ccexp.report", "--store", str(out / "mlflow.db"), "--primary", "eval/ppl_macro"),
+                    run_ccexp("report.primary=eval/ppl_macro", f"paths.outputs={tmp_path / 'o'}", cwd=tmp_path)):
+        lines = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+        assert refused.returncode == 2 and "favours balancing by construction" in lines[-1], refused.stderr[-2000:]
+    assert not (tmp_path / "o" / "cache").exists()
+
+
 def test_mlflow_server_serves_the_sweep_over_rest(sweep, tmp_path):
     import json
     import os

@@ -38,6 +38,7 @@ from ccexp.errors import CcexpError
 from ccexp.names import NOT_COMPUTED
 from ccexp.compare.budget import BUDGET_KEYS
 from ccexp.compare.stats import mean_ci
+from ccexp.compare.verdict import PLAN_TAG, PRIMARY, check_primary
 
 HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common", "eval/bpb",
             "eval/bpb_macro"]
@@ -207,6 +208,13 @@ class Comparison:
     moving: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # still_moving's, per group
     budgets: object = None  # the sweep's budgets (ccexp.compare.budget.BudgetStudy): None until write_report
     wanted: int | None = None  # the seeds the extension command asks for (set by verdict())
+    primary: str = PRIMARY  # the question the verdict decides (report.primary; the sweep's plan's by default)
+    plan: dict | None = None  # the sweep's comparison plan, recorded before its first job (verdict.PLAN_TAG)
+
+    @property
+    def post_hoc(self) -> bool:
+        """True when the question decided is not the one the sweep's plan fixed before its runs."""
+        return self.plan is not None and self.plan.get("primary") != self.primary
 
     def budget_command(self) -> str | None:
         """The command that runs the cheapest design of ``budgets`` in the same sweep folder (None: none)."""
@@ -522,12 +530,13 @@ def sweep_context(client, parent_run_id: str | None) -> dict:
     import yaml
 
     tags = client.get_run(parent_run_id).data.tags
+    plan = json.loads(tags[PLAN_TAG]) if tags.get(PLAN_TAG) else None
     pairs: dict[tuple[str, str], list[str]] = {}
     for d in json.loads(tags.get("ccexp.duplicates", "[]")):
         pairs.setdefault((d["sampler"], d["same_as"]), []).append(str(d["seed"]))
     out: dict = {"notes": [f"{a} would have trained on the identical token stream as {b} (seed {', '.join(seeds)}), so "
                            "its runs were skipped before training (report.skip_duplicates=false keeps them): at this "
-                           f"budget {a} is {b}" for (a, b), seeds in pairs.items()]}
+                           f"budget {a} is {b}" for (a, b), seeds in pairs.items()], "plan": plan}
     sweep_dir = Path(tags["sweep_dir"]) if tags.get("sweep_dir") else None
     if sweep_dir is not None and (sweep_dir / "multirun.yaml").is_file():
         saved = yaml.safe_load((sweep_dir / "multirun.yaml").read_text()) or {}
@@ -543,8 +552,8 @@ def sweep_context(client, parent_run_id: str | None) -> dict:
 
 def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, experiment: str = "ccexp",
                  group_by: str = "sampler", baseline: str = "random", require_baseline: bool = False,
-                 min_effect: float = 0.02, power: float = 0.8, unfinished: list[str] | None = None
-                 ) -> tuple[list[Path], "Comparison"]:
+                 min_effect: float = 0.02, power: float = 0.8, unfinished: list[str] | None = None,
+                 primary: str | None = None) -> tuple[list[Path], "Comparison"]:
     """Write the comparison files for the selected runs; return their paths and the comparison.
 
     Args:
@@ -553,6 +562,8 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
         min_effect: the smallest difference that matters, as a share of the baseline's mean (seeds needed);
         power: the power those seeds should give.
         unfinished: the sweep's jobs that did not finish, one line each, listed in the report.
+        primary: the question the verdict decides; None: the one the sweep's plan fixed before its runs, else
+            [`PRIMARY`][ccexp.compare.verdict.PRIMARY]. Another than the plan's is marked "post hoc".
 
     Raises:
         CcexpError: if there is no finished run, or ``require_baseline`` and no run of ``baseline``.
@@ -568,8 +579,10 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     comparison = Comparison.of(runs, title="", group_by=group_by, baseline=baseline, require_baseline=require_baseline,
                                min_effect=min_effect, power=power, sweep_dir=context.get("sweep_dir"),
                                task_overrides=context.get("task_overrides", []))
+    comparison.plan = context.get("plan")
+    comparison.primary = primary or (comparison.plan or {}).get("primary") or PRIMARY
     compared = sum(len(rs) for rs in comparison.groups.values())  # the runs of one configuration (one_configuration)
-    comparison.budgets, other_settings = budget_study(runs, group_by, baseline, min_effect, power)
+    comparison.budgets, other_settings = budget_study(runs, group_by, baseline, min_effect, power, comparison.primary)
     if comparison.left_out and len({p.tokens for p in comparison.budgets.points}) >= 2 \
             and not other_settings:  # the runs left out differ from the compared ones in budget alone
         comparison.notes = [n for n in comparison.notes if n not in comparison.left_out] + [
@@ -582,11 +595,17 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
     comparison.unfinished = list(unfinished or [])
     histories = curve_histories(client, comparison.groups)
     comparison.moving = still_moving(histories, min_effect)
+    return _write_files(out_dir, comparison, histories, group_by), comparison
+
+
+def _write_files(out_dir: Path, comparison: "Comparison", histories: dict, group_by: str) -> list[Path]:
+    """The report's files in ``out_dir``, written whole in a temporary folder and then moved in (a failed write
+    leaves the old report); their paths."""
     import os
     import shutil
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".tmp-{os.getpid()}"  # written whole, then moved in: a failed write leaves the old report
+    tmp = out_dir / f".tmp-{os.getpid()}"
     tmp.mkdir(exist_ok=True)
     try:
         (tmp / "report.md").write_text(comparison.markdown())
@@ -600,7 +619,7 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
             os.replace(tmp / f.name, f)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return files, comparison
+    return files
 
 
 CURVE_PANELS = [("curve/ppl", "all tokens"), ("curve/ppl_macro", "macro over clusters"),
@@ -615,18 +634,18 @@ def by_arm(runs: list, group_by: str) -> dict[str, list]:
     return dict(sorted(groups.items()))
 
 
-def budget_study(runs: list, group_by: str, baseline: str, min_effect: float, power: float):
+def budget_study(runs: list, group_by: str, baseline: str, min_effect: float, power: float, primary: str = PRIMARY):
     """[`ccexp.compare.budget.study`][ccexp.compare.budget.study] of the runs of one configuration apart from
     their seeds and their budget (``train.steps``, ``train.passes``), on the primary metric; and
     [`one_configuration`][ccexp.compare.report.one_configuration]'s note on runs of other settings than budget
     ([] when the runs differ in nothing else)."""
     from ccexp.compare.budget import study
-    from ccexp.compare.verdict import HEADLINE_NAMES, PRIMARY
+    from ccexp.compare.verdict import metric_name
 
     same, other_settings = one_configuration(runs, group_by, ignore=BUDGET_KEYS)
-    metric = PRIMARY if any(PRIMARY in r.data.metrics for r in same) else "eval/ppl"
+    metric = primary if any(primary in r.data.metrics for r in same) else "eval/ppl"
     out = study(by_arm(same, group_by), baseline, metric, min_effect, power)
-    out.metric = HEADLINE_NAMES[metric]
+    out.metric = metric_name(metric)
     return out, other_settings
 
 
@@ -905,10 +924,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--min-effect", type=float, default=0.02,
                     help="the smallest difference that matters, as a share of the baseline's mean (default 0.02)")
     ap.add_argument("--power", type=float, default=0.8, help="the power the seeds needed should give (default 0.8)")
+    ap.add_argument("--primary", default=None, help="the question the verdict decides (default: the one the sweep "
+                    f"recorded before its runs, else {PRIMARY}); another than the sweep's is marked post hoc")
     args = ap.parse_args(argv)
     if not 0 < args.min_effect < 1 or not 0 < args.power < 1:
         ap.error(f"--min-effect={args.min_effect} and --power={args.power} must be in (0, 1)")
     try:
+        if args.primary is not None:
+            check_primary(args.primary)
         from ccexp.tracking.store import check_server, read_store
 
         store = cli_store(args.store, args.tracking_uri)
@@ -923,7 +946,7 @@ def main(argv: list[str] | None = None) -> None:
         out = output_folder(Path(args.out or home / "reports" / (parent or args.experiment)))
         files, comparison = write_report(client, out_dir=out, parent_run_id=parent, experiment=args.experiment,
                                          baseline=args.baseline or "random", require_baseline=args.baseline is not None,
-                                         min_effect=args.min_effect, power=args.power)
+                                         min_effect=args.min_effect, power=args.power, primary=args.primary)
         from ccexp.compare.verdict import verdict_lines
 
         print("\n".join(verdict_lines(comparison, *comparison.verdict())))

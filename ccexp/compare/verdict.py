@@ -30,6 +30,46 @@ FAVOURS_BALANCING = ("eval/ppl_macro", "eval/bpb_macro", "eval/ppl_worst", "eval
 policy that balances clusters is judged by a metric that balances them, so they favour balancing by construction
 (marin-community/marin #6491). Reported as secondary, marked, never primary."""
 LEVEL = 0.95  # the primary question's confidence (split over the samplers); the secondaries' false discovery rate 5 %
+PLAN_TAG = "ccexp.comparison_plan"
+"""The MLflow tag a sweep sets on its parent run before its first job: its comparison plan
+([`comparison_plan`][ccexp.compare.verdict.comparison_plan]), JSON. The report reads it; a report asked another
+primary metric says "post hoc" beside it."""
+
+
+def check_primary(metric: str) -> None:
+    """Refuse a primary metric that is not a held-out or lm-eval metric name, or one that favours balancing.
+
+    Raises:
+        CcexpError: one line naming the setting and what to use.
+    """
+    from ccexp.errors import CcexpError
+
+    if not isinstance(metric, str) or not metric.startswith(("eval/", "lm_eval/")):
+        raise CcexpError(f"report.primary={metric!r} is not a metric a run scores; use a held-out metric such as "
+                         f"{PRIMARY} (bits per byte) or eval/ppl, or an lm-eval one (lm_eval/<task>/<metric>)")
+    if metric in FAVOURS_BALANCING:
+        raise CcexpError(f"report.primary={metric} averages over (or picks among) the clusters the samplers balance, "
+                         f"so it favours balancing by construction and cannot be the question; use {PRIMARY} (bits per "
+                         "byte over every held-out document) or eval/ppl; it is still reported, as exploratory")
+
+
+def comparison_plan(config) -> dict:
+    """The question a sweep asks, fixed before its first job: ``{"primary", "baseline", "min_effect", "power",
+    "level", "seeds", "budget", "recorded"}`` from the sweep's composed ``config`` (``seeds``: the sweep's ``seed``
+    values as given; ``budget``: train.steps, train.passes, train.tokens_per_step; ``recorded``: ISO time, UTC)."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    params = dict(OmegaConf.select(config, "hydra.sweeper.params", default=None) or {})
+    task = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+    seeds = params.get("seed") or next((o.split("=", 1)[1] for o in task if o.lstrip("+~").startswith("seed=")),
+                                       str(config.seed))
+    return {"primary": str(config.report.primary), "baseline": str(config.report.baseline),
+            "min_effect": float(config.report.min_effect), "power": float(config.report.power), "level": LEVEL,
+            "seeds": str(seeds), "budget": {k: OmegaConf.select(config, f"train.{k}", default=None)
+                                            for k in ("steps", "passes", "tokens_per_step")},
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 FEW_HELDOUT_DOCS = 20
 """A label value's perplexity on fewer held-out documents than this (``data.heldout_min_per_value``'s default) is
 marked too few to read: a handful of documents is a handful of samples, whatever the tokens."""
@@ -78,14 +118,16 @@ def verdict_metrics(metrics: list[str]) -> list[str]:
 
 def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> list[Row]:
     """Every (metric, sampler) of [`verdict_metrics`][ccexp.compare.verdict.verdict_metrics] with a paired difference
-    against the baseline. One question is decided: [`PRIMARY`][ccexp.compare.verdict.PRIMARY] (else overall ppl),
+    against the baseline. One question is decided: the comparison's ``primary`` (by default
+    [`PRIMARY`][ccexp.compare.verdict.PRIMARY]; overall ppl where no run has it),
     each sampler at the level [`family_level`][ccexp.compare.stats.family_level] keeps for all of them together.
     Every other row is exploratory: called by Benjamini-Hochberg at a 5 % false discovery rate over all of them
     ([`fdr_decisions`][ccexp.compare.stats.fdr_decisions]), its interval at the level
     [`fcr_level`][ccexp.compare.stats.fcr_level] gives (it excludes 0 exactly where the row is called)."""
     pairs = [(m, g, d) for m in verdict_metrics(comparison.metrics) for g, d in comparison.paired.get(m, {}).items()]
     same = {g for _, g, _ in pairs if comparison.identical_to_baseline(g)}
-    question = PRIMARY if any(m == PRIMARY for m, _, _ in pairs) else "eval/ppl"
+    asked_for = getattr(comparison, "primary", PRIMARY)
+    question = asked_for if any(m == asked_for for m, _, _ in pairs) else "eval/ppl"
     asked = [(m, g, d) for m, g, d in pairs if m == question and g not in same]
     others = [(m, g, d) for m, g, d in pairs if m != question and g not in same]
     primary_level = family_level(LEVEL, max(1, len(asked)))
@@ -222,7 +264,7 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
     md = [f"## Verdict against {base}", "", f"{comparison.budget} Each sampler is paired with {base} seed by seed "
           "(same initialisation and data clustering). Differences are shown as a share of "
           f"{base}'s mean, then in the metric's units; lower is better for perplexity and bits per byte.", "",
-          *question_paragraph(rows, base), "",
+          *question_paragraph(rows, base, comparison), "",
           f"| metric | {base} | " + " | ".join(f"{g} − {base}" for g in samplers) + " |",
           "|---|---:|" + "---|" * len(samplers)]
     for m in metrics:
@@ -258,19 +300,35 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
         md += ["", cheaper[0].upper() + cheaper[1:] + "."]
     if command:
         cost = comparison.extension_cost() if hasattr(comparison, "extension_cost") else None
-        md += ["", f"To add the seeds that {HEADLINE_NAMES[_primary_rows(rows)[0].metric]} needs to detect {min_effect:.0%} to this same "
+        md += ["", f"To add the seeds that {metric_name(_primary_rows(rows)[0].metric)} needs to detect {min_effect:.0%} to this same "
                "sweep (finished jobs and cached stages are reused, failed jobs rerun)" + (f"; {cost}" if cost else "")
                + ":", "", f"```bash\n{command}\n```"]
     return md + [""]
 
 
-def question_paragraph(rows: list[Row], base: str) -> list[str]:
-    """What the verdict decides and at what level: the primary question (Bonferroni over the samplers), then the
-    exploratory rows (Benjamini-Hochberg) and the mark on metrics that favour balancing."""
+def plan_words(comparison) -> str:
+    """Where the question came from: the sweep's plan recorded before its runs, "post hoc" when the report asks
+    another, or no plan (runs compared outside a sweep that recorded one)."""
+    plan = getattr(comparison, "plan", None)
+    if plan is None:
+        return ("No comparison plan was recorded before these runs (not one sweep, or a sweep launched before plans "
+                "were recorded): the question is the report's.")
+    fixed = (f"the sweep's plan, recorded on its parent run at {plan.get('recorded', '?')} before its first job: "
+             f"{metric_name(plan.get('primary', '?'))} against {plan.get('baseline', '?')}, minimum effect "
+             f"{float(plan.get('min_effect', math.nan)):.0%}, seeds {plan.get('seeds', '?')}")
+    if getattr(comparison, "post_hoc", False):
+        return (f"**Post hoc:** this report decides {metric_name(comparison.primary)}, chosen after the runs; "
+                f"{fixed}. A question picked after seeing the data is a forking path: read it as exploratory.")
+    return f"Fixed before the runs: {fixed}."
+
+
+def question_paragraph(rows: list[Row], base: str, comparison=None) -> list[str]:
+    """What the verdict decides and at what level: the primary question (Bonferroni over the samplers) and where it
+    was fixed, then the exploratory rows (Benjamini-Hochberg) and the mark on metrics that favour balancing."""
     primary = _primary_rows(rows)
     asked = [r for r in primary if r.verdict != "identical stream"]
     level = asked[0].level if asked else LEVEL
-    name = HEADLINE_NAMES.get(primary[0].metric, primary[0].metric) if primary else "none"
+    name = metric_name(primary[0].metric) if primary else "none"
     others = [r for r in rows if not r.primary and r.verdict != "identical stream"]
     split = (f" (split over the {len(asked)} samplers, Bonferroni: each interval at {level:.1%})"
              if len(asked) > 1 else "")
@@ -278,6 +336,8 @@ def question_paragraph(rows: list[Row], base: str) -> list[str]:
             f"is *better* or *worse* than {base} when the confidence interval of the paired difference (Student's t "
             f"over the seeds) excludes 0, else *unresolved*; the chance of calling any sampler better or worse when "
             f"none differs is at most {1 - LEVEL:.0%}{split}."]
+    if comparison is not None:
+        text.append(plan_words(comparison))
     if others:
         level2 = others[0].level
         text.append(f"Every other row is **exploratory**: {len(others)} comparisons, called by Benjamini-Hochberg at a "
@@ -303,7 +363,7 @@ def cheaper_metric(rows: list[Row]) -> str | None:
     if best is None or need[best] * 2 > need[question]:
         return None
     return (f"{HEADLINE_NAMES[best]} needs about {need[best]:,} seeds to detect the same share where "
-            f"{HEADLINE_NAMES[question]} needs {need[question]:,}: if it is the question you ask, decide that before "
+            f"{metric_name(question)} needs {need[question]:,}: if it is the question you ask, decide that before "
             "the next sweep (a metric picked after seeing the data is a forking path)")
 
 
@@ -360,11 +420,11 @@ def arm_verdicts(comparison, rows: list[Row]) -> dict[str, str]:
     primary = _primary_rows(rows)
     if not primary:
         return {}
-    short = {"eval/bpb": "bits per byte", "eval/ppl": "ppl"}
+    short = {"eval/bpb": "bits per byte", "eval/ppl": "ppl"}  # else metric_name's
     out = {comparison.baseline: f"{comparison.baseline}: the baseline"}
     for r in primary:
         spread = "1 pair, no interval" if math.isnan(r.half) else f"± {r.rel_half:.1%}"
-        out[r.sampler] = (f"{r.sampler}: {r.verdict} on {short[r.metric]}, {r.rel_mean:+.1%} {spread} vs "
+        out[r.sampler] = (f"{r.sampler}: {r.verdict} on {short.get(r.metric, metric_name(r.metric))}, {r.rel_mean:+.1%} {spread} vs "
                           f"{comparison.baseline} ({r.n} seed{'s' if r.n != 1 else ''})")
     return out
 
@@ -374,7 +434,8 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
     primary = _primary_rows(rows)
     if not primary:
         return []
-    name = HEADLINE_NAMES[primary[0].metric]
+    name = metric_name(primary[0].metric) + (" (post hoc: not the sweep's planned question)"
+                                             if getattr(comparison, "post_hoc", False) else "")
     seeds = max(r.n for r in primary)
     out = [f"verdict against {comparison.baseline} on {name} ({seeds} paired seed(s)):"]
     for r in primary:

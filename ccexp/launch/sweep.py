@@ -140,7 +140,28 @@ class MlflowSweepCallback(Callback):
             self.client.set_tag(self.parent_id, "ccexp.cost", cost[:5000])
         self.client.set_tag(self.parent_id, "ccexp.duplicates", json.dumps(
             [{k: d[k] for k in ("job", "sampler", "seed", "same_as", "same_as_job")} for d in duplicates])[:5000])
+        self._record_plan(config)
         os.environ[PARENT_ENV] = self.parent_id
+
+    def _record_plan(self, config: DictConfig) -> None:
+        """The sweep's comparison plan on its parent run, before its first job (``verdict.PLAN_TAG``). A sweep
+        launched again in its folder keeps the plan of its first launch; a launch asking another question is said
+        to be post hoc."""
+        from ccexp.compare.verdict import PLAN_TAG, comparison_plan, metric_name
+
+        plan = comparison_plan(config)
+        earlier = self.client.get_run(self.parent_id).data.tags.get(PLAN_TAG)
+        if earlier is None:
+            self.client.set_tag(self.parent_id, PLAN_TAG, json.dumps(plan))
+            log.info("sweep: the question, fixed before the first job: %s against %s (minimum effect %.0f%%, seeds "
+                     "%s); every other metric is exploratory", metric_name(plan["primary"]), plan["baseline"],
+                     100 * plan["min_effect"], plan["seeds"])
+            return
+        first = json.loads(earlier)
+        if first.get("primary") != plan["primary"]:
+            log.warning("sweep: this sweep's question was fixed at its first launch (%s, %s); report.primary=%s now is "
+                        "post hoc, and its report says so", metric_name(first.get("primary", "?")),
+                        first.get("recorded", "?"), plan["primary"])
 
     def _folder(self, config: DictConfig) -> Path:
         """The sweep's folder: the one an earlier launch of the same command wrote
@@ -314,7 +335,8 @@ class MlflowSweepCallback(Callback):
         try:  # the report reads the jobs' runs from the store
             files, comparison = write_report(self.client, parent_run_id=self.parent_id, out_dir=out,
                                              baseline=options.baseline, min_effect=float(options.min_effect),
-                                             power=float(options.power), unfinished=unfinished)
+                                             power=float(options.power), unfinished=unfinished,
+                                             primary=str(options.primary))
         except Exception as e:  # noqa: BLE001
             why = unreachable(e) if isinstance(self.client, FallbackClient) else None
             if why is None:
