@@ -274,3 +274,32 @@ def test_the_corpus_stage_writes_the_stratified_split_into_its_shards(tmp_path, 
         assert corpus.heldout[domains == d].sum() >= min(6, (domains == d).sum() // 2)
     assert strat["heldout"] == int(corpus.heldout.sum()) == plain["heldout"] + strat["stratified_added"]
     assert strat["content"] != plain["content"]  # later stages see another split: another fingerprint
+
+
+@pytest.mark.slow
+def test_a_real_a_a_comparison_random_against_random_on_other_data_orders_is_unresolved(tmp_path, small_corpus):
+    """Issue 61's real A/A check: two arms that are the same policy (random), four seeds each, paired by seed (the
+    same initialisation), arm B on other data orders (``sampler.seed`` = seed + 100). The report's code, on the runs
+    in a real MLflow store, must not call B better or worse on the question (bits per byte); every exploratory row
+    is corrected, and the seeds it would take are said."""
+    from ccexp.compare.report import write_report
+
+    out = tmp_path / "out"
+    for seed in range(4):
+        for extra in ([], [f"sampler.seed={seed + 100}"]):
+            proc = run_ccexp(*TINY, f"data.path={small_corpus}", f"paths.outputs={out}", "sampler=random",
+                             f"seed={seed}", *extra, cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{out}/mlflow.db")
+    runs = children(out)
+    assert len(runs) == 8 and len({r.data.tags["stream_digest"] for r in runs}) == 8
+    for r in runs:  # the arm: its data orders (the same policy and settings otherwise)
+        client.set_tag(r.info.run_id, "arm", "B" if int(r.data.params["sampler.seed"]) >= 100 else "A")
+    _, comparison = write_report(client, out_dir=tmp_path / "report", group_by="arm", baseline="A")
+    rows, _ = comparison.verdict()
+    (question,) = [r for r in rows if r.primary]
+    print(f"A/A: B - A on bits per byte {question.rel_mean:+.2%} ± {question.rel_half:.2%} (n={question.n})")
+    assert question.metric == "eval/bpb" and question.n == 4 and question.verdict == "unresolved", question
+    assert not any(r.verdict in ("better", "worse") for r in rows if not r.primary)  # corrected: none called
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**bits per byte: the question** |" in md and "**unresolved**" in md
