@@ -211,9 +211,14 @@ def check_sweep_values(overrides: list[str], compose=None) -> None:
             key = values[0].split("=", 1)[0]
             rest = [f"{key}={n}" for n in sorted({min(map(int, raw)), max(map(int, raw))})]
         variants += [(v, first[:i] + [v] + first[i + 1:]) for v in rest]
+    if any(key.lstrip("+~") == "report.primary" and len(values) > 1 for key, values in choices.items()):
+        raise CcexpError("report.primary is the comparison's one question and cannot be swept: set one value (the "
+                         "report of the same runs can decide another, post hoc: python -m ccexp.report --primary ...)")
     for value, variant in variants:
         try:
-            _check_keys_and_bounds(compose(variant), schemas.RootConfig, "")
+            composed = compose(variant)
+            _check_keys_and_bounds(composed, schemas.RootConfig, "")
+            check_primary(composed.report.primary)
         except (CcexpError, HydraException, OmegaConfBaseException) as e:
             why = str(e) if isinstance(e, CcexpError) else one_line(e)
             raise CcexpError(f"the sweep's value {value} is not an option: {why}" if value else why) from None

@@ -63,7 +63,8 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
     # the rounded headline copies and, in a sweep, their differences against the baseline (they sort in the order
     # they matter: MLflow orders metric columns by name); runs from before them: the eval/ headline metrics
     metrics = sorted(m for m in logged if is_headline_key(m)) or [m for m in HEADLINE if m in logged]
-    primary = next((m for m in (HEADLINE_KEYS["ppl_macro"], PRIMARY) if m in logged), None)
+    # the question's column first; runs from before its rounded copy: macro ppl's, else the question's full name
+    primary = next((m for m in (HEADLINE_KEYS["bpb"], HEADLINE_KEYS["ppl_macro"], PRIMARY) if m in logged), None)
     group = group_key(runs)
     params = [p for p in ("sampler.name", "seed") if any(p in r.data.params for r in runs) and not (group and p == "seed")]
     state = {

@@ -99,23 +99,24 @@ def test_extending_a_finished_two_seed_sweep_to_three_seeds_trains_only_the_new_
     assert parent.data.tags["mlflow.note.content"].startswith("**ccexp comparison: 6 runs")
     assert "verdict against random on bits per byte" in parent.data.tags["mlflow.note.content"]
     m = parent.data.metrics
-    assert {"random macro ppl", "uniform macro ppl", "uniform macro vs random pct", "uniform macro vs random pct ci"} <= set(m)
+    assert {"random bpb", "uniform bpb", "uniform bpb vs random pct", "uniform bpb vs random pct ci"} <= set(m)
     after = [r for r in after if r.info.status == "FINISHED"]  # (the killed job's run keeps the first report's)
     for r in (client.get_run(r.info.run_id) for r in after):
         x = r.data.metrics
         # (rounded from the full value; eval/* is logged at 6 significant digits, so 453.145 may read 453.15)
         assert abs(x["macro ppl"] - x["eval/ppl_macro"]) <= 0.0051 and abs(x["ppl"] - x["eval/ppl"]) <= 0.0051
+        assert abs(x["bpb"] - x["eval/bpb"]) <= 0.000051
         base = next(b for b in after if b.data.tags["sampler"] == "random" and b.data.params["seed"] == r.data.params["seed"])
         randoms = [b.data.metrics["eval/ppl_macro"] for b in after if b.data.tags["sampler"] == "random"]
         want = 100 * (x["eval/ppl_macro"] - base.data.metrics["eval/ppl_macro"]) / (sum(randoms) / len(randoms))
         assert x["macro vs random pct"] == pytest.approx(want, abs=0.006)  # in per cent of random's mean
         assert r.data.tags["verdict"].startswith(f"{r.data.tags['sampler']}: ")
     # one definition for one name: the mean of uniform's runs (the view's group row) is the parent's figure
-    mine = [client.get_run(r.info.run_id).data.metrics["macro vs random pct"] for r in after
+    mine = [client.get_run(r.info.run_id).data.metrics["bpb vs random pct"] for r in after
             if r.data.tags["sampler"] == "uniform"]
-    assert sum(mine) / len(mine) == pytest.approx(m["uniform macro vs random pct"], abs=0.01)
-    assert {client.get_run(r.info.run_id).data.metrics["macro vs random pct ci"] for r in after
-            if r.data.tags["sampler"] == "uniform"} == {m["uniform macro vs random pct ci"]}
+    assert sum(mine) / len(mine) == pytest.approx(m["uniform bpb vs random pct"], abs=0.01)
+    assert {client.get_run(r.info.run_id).data.metrics["bpb vs random pct ci"] for r in after
+            if r.data.tags["sampler"] == "uniform"} == {m["uniform bpb vs random pct ci"]}
 
 
 # -- the report's verdict -----------------------------------------------------------------------------
@@ -303,3 +304,40 @@ def test_a_real_a_a_comparison_random_against_random_on_other_data_orders_is_unr
     assert not any(r.verdict in ("better", "worse") for r in rows if not r.primary)  # corrected: none called
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**bits per byte: the question** |" in md and "**unresolved**" in md
+
+
+def test_a_sweep_refuses_a_question_that_favours_balancing_or_is_swept_before_any_stage(tmp_path):
+    """Found by a helper trying to break issue 61: in a sweep, report.primary=eval/ppl_macro used to run every stage,
+    open the parent run, record the refused value as the sweep's plan and fail each job. Now: one line, exit 2,
+    nothing computed or recorded; and the one question cannot be swept."""
+    for bad, words in (("report.primary=eval/ppl_macro", "favours balancing by construction"),
+                       ("report.primary=eval/bpb,eval/ppl", "cannot be swept")):
+        out = tmp_path / bad.split("=")[1].replace("/", "_")
+        proc = run_ccexp("-m", "sampler=random,uniform", bad, f"paths.outputs={out}", cwd=tmp_path)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ccexp: error:")]
+        assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
+        assert not (out / "cache").exists() and not (out / "mlflow.db").exists()
+
+
+def test_a_question_no_run_scored_is_said_not_silently_replaced():
+    """report.primary=eval/nope passes the pre-flight (metric names are known only once runs score them); the verdict
+    then decides bits per byte and says that no run scored the question asked."""
+    runs = [fake_run(g, s, {"eval/bpb": 1.0 + s / 10 + (g == "uniform") / 50, "eval/ppl": 9.0 + s})
+            for g in ("random", "uniform") for s in range(3)]
+    c = comparison(runs)
+    c.primary = "eval/nope"
+    rows, command = c.verdict()
+    assert [r.metric for r in rows if r.primary] == ["eval/bpb"]
+    assert "**No run scored eval/nope**, the question asked: this verdict decides bits per byte instead" in c.markdown()
+    from ccexp.compare.verdict import verdict_lines
+
+    assert "on bits per byte (no run scored eval/nope, the question asked)" in verdict_lines(c, rows, command)[0]
+
+
+def test_a_relaunch_that_only_asks_the_report_another_question_keeps_the_finished_jobs():
+    from ccexp.launch.arms import same_job
+
+    assert same_job(["sampler=random", "seed=0"], ["seed=0", "sampler=random", "report.primary=eval/ppl"])
+    assert same_job(["sampler=random", "report.min_effect=0.05"], ["sampler=random"])
+    assert not same_job(["sampler=random", "seed=0"], ["sampler=random", "seed=1"])
+    assert not same_job(["sampler=random"], ["sampler=random", "logger=none"])  # what a run records: not kept

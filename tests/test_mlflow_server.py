@@ -486,7 +486,7 @@ def test_a_sweep_that_ends_while_the_server_is_away_keeps_its_parent_and_says_ho
     callback.client = FallbackClient(dead, tmp_path / "sweep" / "mlflow-local")
     callback.client.adopt(callback.parent_id, "ccexp", "sweep-x")
     callback._report(tmp_path / "sweep" / "report",
-                     OmegaConf.create({"baseline": "random", "min_effect": 0.02, "power": 0.8}))
+                     OmegaConf.create({"baseline": "random", "min_effect": 0.02, "power": 0.8, "primary": "eval/bpb"}))
     documented(next(r.getMessage() for r in caplog.records if r.getMessage().startswith("report:")),
                "report: the tracking server <uri> does not answer")
     callback.close("FINISHED")

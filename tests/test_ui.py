@@ -108,12 +108,19 @@ def test_the_view_leads_with_the_rounded_headline_metrics_and_charts_a_bar_per_s
     for run in client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{latest}'"):
         for key in ("ppl", "macro ppl", "worst ppl", "macro vs random pct", "macro vs random pct ci", "ppl vs random pct"):
             client.log_metric(run.info.run_id, key, 1.25)
-    _, key, metrics = compare_view(client)
+    _, key, metrics = compare_view(client)  # runs from before bits per byte's copy: macro ppl's column leads
     assert metrics == ["macro ppl", "macro vs random pct", "macro vs random pct ci", "ppl", "ppl vs random pct", "worst ppl"]
+    assert json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])["orderByKey"] == "metrics.`macro ppl`"
+    for run in client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{latest}'"):
+        for key in ("bpb", "bpb vs random pct", "bpb vs random pct ci"):  # the question's, sorting first
+            client.log_metric(run.info.run_id, key, 1.25)
+    _, key, metrics = compare_view(client)
+    assert metrics == ["bpb", "bpb vs random pct", "bpb vs random pct ci", "macro ppl", "macro vs random pct",
+                       "macro vs random pct ci", "ppl", "ppl vs random pct", "worst ppl"]
     assert all(map(is_headline_key, metrics)) and not is_headline_key("eval/ppl_macro")
     state = json.loads(client.get_experiment(exp).tags[SHARED_VIEW + key])
-    assert state["selectedColumns"][:6] == [f"metrics.`{m}`" for m in metrics]
-    assert state["orderByKey"] == "metrics.`macro ppl`" and state["orderByAsc"] is True
+    assert state["selectedColumns"][:9] == [f"metrics.`{m}`" for m in metrics]
+    assert state["orderByKey"] == "metrics.`bpb`" and state["orderByAsc"] is True
     charts = state["compareRunCharts"]  # the chart view: one bar chart per headline column, in their order
     assert [(c["type"], c["metricKey"]) for c in charts] == [("BAR", m) for m in metrics if not m.endswith(" ci")]
     assert state["compareRunSections"][0]["uuid"] == charts[0]["metricSectionId"]

@@ -38,7 +38,7 @@ from ccexp.errors import CcexpError
 from ccexp.names import NOT_COMPUTED
 from ccexp.compare.budget import BUDGET_KEYS
 from ccexp.compare.stats import mean_ci
-from ccexp.compare.verdict import PLAN_TAG, PRIMARY, check_primary
+from ccexp.compare.verdict import FAVOURS_BALANCING, PLAN_TAG, PRIMARY, check_primary
 
 HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common", "eval/bpb",
             "eval/bpb_macro"]
@@ -354,10 +354,13 @@ class Comparison:
         if self.paired:
             md += ["", f"## Paired differences against {self.baseline}", "",
                    f"Sampler − {self.baseline}, run by run with the same seed: mean ± half-width of the 95 % confidence "
-                   "interval (Student's t over the pairs); * where the interval excludes 0. For perplexities a "
-                   "negative difference is an improvement.", "",
+                   "interval (Student's t over the pairs); * where the interval excludes 0. **Uncorrected**: each "
+                   "row on its own, for reading the raw differences; the verdict above is the decision (its "
+                   "question at its level, the rest corrected for their number). † favours balancing by "
+                   "construction. For perplexities a negative difference is an improvement.", "",
                    "| metric | " + " | ".join(self.others) + " |", "|---|" + "---:|" * len(self.others)]
-            md += [f"| {m} | " + " | ".join(self.diff(m, g) for g in self.others) + " |" for m in self.paired]
+            md += [f"| {m}{' †' if m in FAVOURS_BALANCING else ''} | " + " | ".join(self.diff(m, g) for g in self.others)
+                   + " |" for m in self.paired]
         if self.per_cluster:
             md += ["", "## Per cluster", "", "Held-out perplexity of each cluster (the same clustering in every run).",
                    "", *table(self.per_cluster, self.cell)]
@@ -763,7 +766,7 @@ def headline_differences(comparison: "Comparison") -> dict[str, dict[str, float]
     from ccexp.evaluation.heldout import DIFFERENCE_KEYS
 
     out: dict[str, dict[str, float]] = {}
-    for name in ("ppl_macro", "ppl"):
+    for name in DIFFERENCE_KEYS:
         key = DIFFERENCE_KEYS[name].format(baseline=comparison.baseline)
         for g, d in comparison.paired.get(f"eval/{name}", {}).items():
             if not d["baseline_mean"]:
@@ -781,21 +784,28 @@ def headline_differences(comparison: "Comparison") -> dict[str, dict[str, float]
     return out
 
 
-def sampler_summary(comparison: "Comparison", metric: str = "eval/ppl_macro") -> dict[str, float]:
-    """The sweep's parent run's metrics, each sampler at a glance: ``<sampler> macro ppl`` (the mean over its
-    seeds) and, for each sampler paired with the baseline, ``<sampler> macro vs <baseline> pct`` and its 95 %
-    CI half-width ``... pct ci`` (per cent of the baseline's mean over the pairs; 2 decimals; no ``ci`` from one
-    pair)."""
+SUMMARY_NAMES = {"eval/bpb": ("bpb", "bpb", 4), "eval/ppl_macro": ("macro ppl", "macro", 2), "eval/ppl": ("ppl", "ppl", 2)}
+"""The parent run's names for a metric at a glance: (its mean's name, its difference's prefix, decimals)."""
+
+
+def sampler_summary(comparison: "Comparison", metric: str = PRIMARY) -> dict[str, float]:
+    """The sweep's parent run's metrics, each sampler at a glance on ``metric`` (the question; overall ppl where
+    no run has it): ``<sampler> bpb`` (the mean over its seeds) and, for each sampler paired with the baseline,
+    ``<sampler> bpb vs <baseline> pct`` and its 95 % CI half-width ``... pct ci`` (per cent of the baseline's mean
+    over the pairs; 2 decimals; no ``ci`` from one pair). Other metrics are named by
+    [`SUMMARY_NAMES`][ccexp.compare.report.SUMMARY_NAMES] (``macro ppl``, ``macro vs ...``), else by their name."""
+    metric = metric if metric in comparison.table else "eval/ppl"
+    name, prefix, decimals = SUMMARY_NAMES.get(metric, (metric, metric, 4))
     out: dict[str, float] = {}
     for g in comparison.groups:
         mean = comparison.table.get(metric, {}).get(g, (math.nan,))[0]
         if not math.isnan(mean):
-            out[f"{g} macro ppl"] = round(mean, 2)
+            out[f"{g} {name}"] = round(mean, decimals)
         d = comparison.paired.get(metric, {}).get(g)
         if d is not None and d["baseline_mean"]:
-            out[f"{g} macro vs {comparison.baseline} pct"] = round(100 * d["mean"] / d["baseline_mean"], 2)
+            out[f"{g} {prefix} vs {comparison.baseline} pct"] = round(100 * d["mean"] / d["baseline_mean"], 2)
             if not math.isnan(d["half"]):
-                out[f"{g} macro vs {comparison.baseline} pct ci"] = round(100 * d["half"] / d["baseline_mean"], 2)
+                out[f"{g} {prefix} vs {comparison.baseline} pct ci"] = round(100 * d["half"] / d["baseline_mean"], 2)
     return out
 
 
@@ -811,10 +821,10 @@ def parent_description(comparison: "Comparison", verdict: list[str]) -> str:
     return "\n".join(body)
 
 
-def sampler_chart(path: Path, comparison: "Comparison", metric: str = "eval/ppl_macro") -> Path | None:
-    """The comparison at a glance: ``metric`` by sampler (mean, 95 % CI whiskers from 2 seeds on) and each
-    sampler's paired difference against the baseline in per cent (mean, 95 % CI over the seed pairs), the
-    verdict written on each bar. None when no run has ``metric``."""
+def sampler_chart(path: Path, comparison: "Comparison", metric: str = PRIMARY) -> Path | None:
+    """The comparison at a glance: ``metric`` (the question) by sampler (mean, 95 % CI whiskers from 2 seeds on) and
+    each sampler's paired difference against the baseline in per cent (mean, its interval at the verdict's level over
+    the seed pairs), the verdict written on each bar. None when no run has ``metric``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -832,20 +842,22 @@ def sampler_chart(path: Path, comparison: "Comparison", metric: str = "eval/ppl_
     ax = axes[0][0]
     ax.bar(names, means, yerr=None if all(math.isnan(h) for h in halves) else halves, capsize=5,
            color=[f"C{i}" for i in range(len(names))])
-    ax.set(title=HEADLINE_NAMES.get(metric, metric), ylabel="held-out perplexity (lower is better)")
+    unit = "bits per byte" if "bpb" in metric else "perplexity"
+    ax.set(title=HEADLINE_NAMES.get(metric, metric), ylabel=f"held-out {unit} (lower is better)")
     ax.tick_params(axis="x", rotation=20)
     if others:
         ax = axes[0][1]
         rel = [comparison.paired[metric][g] for g in others]
+        rows = {r.sampler: r for r in comparison.verdict()[0] if r.metric == metric}
         pct = [100 * d["mean"] / d["baseline_mean"] for d in rel]
-        err = [100 * d["half"] / d["baseline_mean"] for d in rel]
+        err = [100 * rows[g].half / d["baseline_mean"] if g in rows else math.nan for g, d in zip(others, rel)]
         ax.bar(others, pct, yerr=None if all(math.isnan(e) for e in err) else err, capsize=5,
                color=[f"C{names.index(g)}" for g in others])
         ax.axhline(0, color="black", lw=0.8)
-        words = ["better" if d["significant"] and d["mean"] < 0 else "worse" if d["significant"] else "unresolved"
-                 for d in rel]  # the verdict under each bar's name, clear of its whisker
+        words = [rows[g].verdict if g in rows else "unresolved" for g in others]  # under each bar, clear of its whisker
         ax.set_xticks(range(len(others)), [f"{g}\n{w} (n={d['n']})" for g, w, d in zip(others, words, rel)])
-        ax.set(title=f"paired difference against {comparison.baseline}",
+        level = next((r.level for r in rows.values() if r.verdict != "identical stream"), 0.95)
+        ax.set(title=f"paired difference against {comparison.baseline} ({level:.1%} interval)",
                ylabel=f"% of {comparison.baseline}'s (negative is better)")
     seeds = sorted({len({r.data.params.get("seed") for r in rs}) for rs in comparison.groups.values()})
     fig.suptitle(f"{comparison.title}: mean ± 95 % CI over " + (f"{seeds[0]} seeds" if len(seeds) == 1 else

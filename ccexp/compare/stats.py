@@ -159,7 +159,11 @@ def seeds_to_detect(delta: float, sd: float, alpha: float = 0.05, power: float =
     def achieved(n: int) -> float:
         crit = stats.t.ppf(1 - alpha / 2, n - 1)
         nc = math.sqrt(n) * delta / sd
-        return float(stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc))
+        # the far tail (nc > 0) is negligible; scipy's nct.cdf returns NaN there at 1-2 degrees of freedom and a large
+        # nc (scipy 1.17: cdf(-12.7, 1, 11.3)), which must not count as enough power; a NaN power is not enough
+        far = float(stats.nct.cdf(-crit, n - 1, nc))
+        power = float(stats.nct.sf(crit, n - 1, nc)) + (0.0 if math.isnan(far) else far)
+        return 0.0 if math.isnan(power) else power
 
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
     guess = max(2, int((z * sd / delta) ** 2))  # the normal approximation: start just below the answer

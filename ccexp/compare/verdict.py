@@ -126,8 +126,8 @@ def verdict_rows(comparison, min_effect: float = 0.02, power: float = 0.8) -> li
     [`fcr_level`][ccexp.compare.stats.fcr_level] gives (it excludes 0 exactly where the row is called)."""
     pairs = [(m, g, d) for m in verdict_metrics(comparison.metrics) for g, d in comparison.paired.get(m, {}).items()]
     same = {g for _, g, _ in pairs if comparison.identical_to_baseline(g)}
-    asked_for = getattr(comparison, "primary", PRIMARY)
-    question = asked_for if any(m == asked_for for m, _, _ in pairs) else "eval/ppl"
+    present = {m for m, _, _ in pairs}
+    question = next((m for m in (getattr(comparison, "primary", PRIMARY), PRIMARY) if m in present), "eval/ppl")
     asked = [(m, g, d) for m, g, d in pairs if m == question and g not in same]
     others = [(m, g, d) for m, g, d in pairs if m != question and g not in same]
     primary_level = family_level(LEVEL, max(1, len(asked)))
@@ -332,10 +332,16 @@ def question_paragraph(rows: list[Row], base: str, comparison=None) -> list[str]
     others = [r for r in rows if not r.primary and r.verdict != "identical stream"]
     split = (f" (split over the {len(asked)} samplers, Bonferroni: each interval at {level:.1%})"
              if len(asked) > 1 else "")
-    text = [f"**The question: {name}** over every held-out document as it comes, no cluster weighted up. Each sampler "
+    natural = (" over every held-out document as it comes, no cluster weighted up"
+               if primary and primary[0].metric in ("eval/bpb", "eval/ppl") else "")
+    text = [f"**The question: {name}**{natural}. Each sampler "
             f"is *better* or *worse* than {base} when the confidence interval of the paired difference (Student's t "
             f"over the seeds) excludes 0, else *unresolved*; the chance of calling any sampler better or worse when "
             f"none differs is at most {1 - LEVEL:.0%}{split}."]
+    wanted = getattr(comparison, "primary", None)
+    if primary and wanted is not None and primary[0].metric != wanted:
+        text.append(f"**No run scored {metric_name(wanted)}**, the question asked: this verdict decides {name} "
+                    "instead, which is not the question asked.")
     if comparison is not None:
         text.append(plan_words(comparison))
     if others:
@@ -434,8 +440,10 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
     primary = _primary_rows(rows)
     if not primary:
         return []
-    name = metric_name(primary[0].metric) + (" (post hoc: not the sweep's planned question)"
-                                             if getattr(comparison, "post_hoc", False) else "")
+    wanted = getattr(comparison, "primary", primary[0].metric)
+    name = metric_name(primary[0].metric) + (
+        f" (no run scored {metric_name(wanted)}, the question asked)" if wanted != primary[0].metric else
+        " (post hoc: not the sweep's planned question)" if getattr(comparison, "post_hoc", False) else "")
     seeds = max(r.n for r in primary)
     out = [f"verdict against {comparison.baseline} on {name} ({seeds} paired seed(s)):"]
     for r in primary:

@@ -39,29 +39,30 @@ class EvalResult:
 
     def for_mlflow(self, max_cluster_metrics: int, num_clusters: int) -> dict[str, float]:
         """``eval/*`` and ``lm_eval/*`` metrics (per-cluster ones only when K <= ``max_cluster_metrics``), and
-        the headline perplexities again, rounded to 2 decimals, under [`HEADLINE_KEYS`][ccexp.evaluation.heldout.HEADLINE_KEYS]'s
-        short names (``macro ppl``, ``ppl``, ...): what MLflow's runs table shows first (ccexp.ui), readable
+        the headline figures again, rounded (bits per byte to 4 decimals, perplexities to 2), under [`HEADLINE_KEYS`][ccexp.evaluation.heldout.HEADLINE_KEYS]'s
+        short names (``bpb``, ``macro ppl``, ``ppl``, ...): what MLflow's runs table shows first (ccexp.ui), readable
         at a glance and sorting in the order they matter."""
         out = {(k if k.startswith("lm_eval/") else f"eval/{k}"): v for k, v in self.metrics.items()
                if not k.startswith("ppl_cluster/") or num_clusters <= max_cluster_metrics}
-        out.update({HEADLINE_KEYS[k]: round(float(self.metrics[k]), 2) for k in HEADLINE_KEYS if k in self.metrics
-                    and np.isfinite(self.metrics[k])})
+        out.update({HEADLINE_KEYS[k]: round(float(self.metrics[k]), 4 if k == "bpb" else 2) for k in HEADLINE_KEYS
+                    if k in self.metrics and np.isfinite(self.metrics[k])})
         return out
 
 
 # the headline figures as MLflow's runs table shows them (rounded copies of eval/<name>; MLflow orders metric columns
-# by name, and these names sort in the order they matter); a sweep adds two paired differences against its baseline
-# (ccexp.launch.sweep), "macro vs <baseline> pct" and "ppl vs <baseline> pct" (ccexp.compare.report.headline_differences),
-# each sorting right after its figure, with "... pct ci" (their 95 % CI half-width) after them
-HEADLINE_KEYS = {"ppl_macro": "macro ppl", "ppl": "ppl", "ppl_rare": "rare ppl", "ppl_worst": "worst ppl"}
-DIFFERENCE_KEYS = {"ppl_macro": "macro vs {baseline} pct", "ppl": "ppl vs {baseline} pct"}
+# by name, and these names sort in the order they matter: bits per byte, the comparison's question, first); a sweep
+# adds three paired differences against its baseline (ccexp.launch.sweep), "bpb vs <baseline> pct", "macro vs
+# <baseline> pct" and "ppl vs <baseline> pct" (ccexp.compare.report.headline_differences), each sorting right after its
+# figure, with "... pct ci" (their 95 % CI half-width) after them
+HEADLINE_KEYS = {"bpb": "bpb", "ppl_macro": "macro ppl", "ppl": "ppl", "ppl_rare": "rare ppl", "ppl_worst": "worst ppl"}
+DIFFERENCE_KEYS = {"bpb": "bpb vs {baseline} pct", "ppl_macro": "macro vs {baseline} pct", "ppl": "ppl vs {baseline} pct"}
 
 
 def is_headline_key(key: str) -> bool:
     """True for the MLflow names of [`HEADLINE_KEYS`][ccexp.evaluation.heldout.HEADLINE_KEYS] and of the sweep's
     differences ([`DIFFERENCE_KEYS`][ccexp.evaluation.heldout.DIFFERENCE_KEYS]) with their CI half-widths (``... pct ci``)."""
     return key in HEADLINE_KEYS.values() or ("/" not in key and key.endswith((" pct", " pct ci"))
-                                            and key.split(" vs ")[0] in ("macro", "ppl"))
+                                            and key.split(" vs ")[0] in ("bpb", "macro", "ppl"))
 
 
 def isolated(part: str, errors: dict[str, str], run_dir: Path, fn, *args, **kwargs):

@@ -40,12 +40,19 @@ def job_overrides(config: DictConfig) -> list[list[str]] | None:
 
 def same_job(a: list[str], b: list[str]) -> bool:
     """True when two override lists set the same job: the same keys with the same values, however they
-    were written (``x=false`` and ``x=False``) and in whatever order."""
+    were written (``x=false`` and ``x=False``) and in whatever order, leaving out ``report.*`` (how the finished
+    runs are compared, nothing a job computes or records: a relaunch asking the report another question keeps the
+    jobs that finished)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def computed(key: str) -> bool:
+        key = key.lstrip("+~")
+        return key != "report" and not key.startswith("report.")
 
     def normal(overrides: list[str]) -> list[tuple[str, str]]:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-        return sorted((o.get_key_element(), o.get_value_element_as_str()) for o in parsed)
+        return sorted((o.get_key_element(), o.get_value_element_as_str()) for o in parsed
+                      if computed(o.get_key_element()))
 
     return normal(a) == normal(b)
 

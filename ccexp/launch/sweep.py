@@ -345,7 +345,7 @@ class MlflowSweepCallback(Callback):
                         "once it is back: python -m ccexp.report --tracking-uri %s --parent %s --out %s", self.uri, why,
                         self.uri, self.parent_id, out)
             return
-        chart = sampler_chart(out / "by_sampler.png", comparison)  # the parent run's first artifact
+        chart = sampler_chart(out / "by_sampler.png", comparison, comparison.primary)  # the parent's first artifact
         for path in ([chart] if chart else []):
             self.client.log_artifact(self.parent_id, str(path))
         for path in files:
@@ -358,7 +358,7 @@ class MlflowSweepCallback(Callback):
             for r in comparison.groups.get(g, []):
                 self.client.set_tag(r.info.run_id, VERDICT_TAG, words)
         lines = verdict_lines(comparison, rows, command)
-        for key, value in sampler_summary(comparison).items():  # the parent's Metrics: each sampler at a glance
+        for key, value in sampler_summary(comparison, comparison.primary).items():  # each sampler at a glance
             self.client.log_metric(self.parent_id, key, value)
         self.client.set_tag(self.parent_id, "mlflow.note.content", parent_description(comparison, lines))
         for line in lines:
