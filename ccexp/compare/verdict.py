@@ -300,7 +300,8 @@ def verdict_markdown(comparison, rows: list[Row], min_effect: float, power: floa
         md += ["", cheaper[0].upper() + cheaper[1:] + "."]
     if command:
         cost = comparison.extension_cost() if hasattr(comparison, "extension_cost") else None
-        md += ["", f"To add the seeds that {metric_name(_primary_rows(rows)[0].metric)} needs to detect {min_effect:.0%} to this same "
+        question = next((r.metric for r in rows if r.primary), getattr(comparison, "primary", PRIMARY))
+        md += ["", f"To add the seeds that {metric_name(question)} needs to detect {min_effect:.0%} to this same "
                "sweep (finished jobs and cached stages are reused, failed jobs rerun)" + (f"; {cost}" if cost else "")
                + ":", "", f"```bash\n{command}\n```"]
     return md + [""]
