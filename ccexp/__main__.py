@@ -80,7 +80,9 @@ def main(cfg: DictConfig) -> float:
         release_claims()  # this configuration's running claim (ccexp.launch.resume.claim): the run is over
     if multirun:
         write_job_status(job_dir, "FINISHED", "", overrides)
-    return float(metrics.get("ppl_macro", float("nan")))
+    # the objective a Hydra sweeper minimises: the comparison's question (report.primary; lower is better for it)
+    question = str(cfg.report.primary)
+    return float(metrics.get(question[len("eval/"):] if question.startswith("eval/") else question, float("nan")))
 
 
 def kept_or_skipped(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> bool:
