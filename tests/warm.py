@@ -260,14 +260,22 @@ class Running:
 
     def __init__(self, warm: _Warm, module: str, args: list[str], cwd: Path, env: dict[str, str],
                  stdout: Path | None, merge: bool) -> None:
-        self.args = [sys.executable, "-m", module, *args]
-        self.module, self.warm, self.returncode, self.started = module, warm, None, time.monotonic()
-        self.tmp = tempfile.TemporaryDirectory(prefix="ccexp-warm-")
-        self.stdout_path = Path(stdout) if stdout is not None else Path(self.tmp.name) / "out"
-        self.stderr_path = None if merge else Path(self.tmp.name) / "err"
-        self.stdout_path.write_text("")  # there to read from the start, as Popen's open file is
+        self.warm = warm
+        self._files(module, args, stdout, merge)
         self.pid = warm.start(module, args, cwd, env, str(self.stdout_path),
                               None if merge else str(self.stderr_path))
+
+    def _files(self, module: str, args: list[str], stdout: Path | None, merge: bool) -> None:
+        """What a started command has before it runs: its argv, start time, and output files, there (empty) to
+        read from the start, as Popen's open files are."""
+        self.args = [sys.executable, "-m", module, *args]
+        self.module, self.returncode, self.started = module, None, time.monotonic()
+        self.tmp = tempfile.TemporaryDirectory(prefix="ccexp-running-")
+        self.stdout_path = Path(stdout) if stdout is not None else Path(self.tmp.name) / "out"
+        self.stderr_path = None if merge else Path(self.tmp.name) / "err"
+        for path in (self.stdout_path, self.stderr_path):
+            if path is not None:
+                path.write_text("")
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -322,11 +330,7 @@ class _FreshRunning(Running):
 
     def __init__(self, module: str, args: list[str], cwd: Path, env: dict[str, str], stdout: Path | None,
                  merge: bool) -> None:
-        self.args = [sys.executable, "-m", module, *args]
-        self.module, self.returncode, self.started = module, None, time.monotonic()
-        self.tmp = tempfile.TemporaryDirectory(prefix="ccexp-fresh-")
-        self.stdout_path = Path(stdout) if stdout is not None else Path(self.tmp.name) / "out"
-        self.stderr_path = None if merge else Path(self.tmp.name) / "err"
+        self._files(module, args, stdout, merge)
         with self.stdout_path.open("w") as out, open(self.stderr_path or os.devnull, "w") as err:
             self.proc = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=out,
                                          stderr=subprocess.STDOUT if merge else err)
