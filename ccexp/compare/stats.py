@@ -50,15 +50,21 @@ def mean_ci_rows(diffs, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     from scipy import stats
 
     x = np.asarray(diffs, dtype=float)
+    mean, sd = _mean_sd_rows(x)
+    n = x.shape[-1]
+    return mean, sd * (stats.t.ppf(0.5 + level / 2, n - 1) / math.sqrt(n) if n >= 2 else math.nan)
+
+
+def _mean_sd_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's mean and sample SD (n − 1) over the last axis, as [`sample_sd`][ccexp.compare.stats.sample_sd]
+    takes them: exactly the value and 0 for a row of one value repeated; NaN mean for n = 0, NaN SD for n < 2."""
     n = x.shape[-1]
     if n == 0:
         return np.full(x.shape[:-1], math.nan), np.full(x.shape[:-1], math.nan)
     same = np.ptp(x, axis=-1) == 0
     mean = np.where(same, x[..., 0], x.mean(axis=-1))
-    if n < 2:
-        return mean, np.full(mean.shape, math.nan)
-    sd = np.where(same, 0.0, x.std(axis=-1, ddof=1))
-    return mean, stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    sd = np.where(same, 0.0, x.std(axis=-1, ddof=1)) if n >= 2 else np.full(mean.shape, math.nan)
+    return mean, sd
 
 
 def decided(mean, half) -> np.ndarray:
@@ -79,8 +85,7 @@ def paired_p(diffs) -> np.ndarray:
     n = x.shape[-1]
     if n < 2:
         return np.full(x.shape[:-1], math.nan)
-    mean, _ = mean_ci_rows(x)
-    sd = np.where(np.ptp(x, axis=-1) == 0, 0.0, x.std(axis=-1, ddof=1))
+    mean, sd = _mean_sd_rows(x)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(sd > 0, mean / (sd / math.sqrt(n)), np.where(mean == 0, 0.0, np.inf))
     return 2 * stats.t.sf(np.abs(t), n - 1)
