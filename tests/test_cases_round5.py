@@ -159,6 +159,37 @@ def test_c34_a_run_killed_by_sigkill_is_said_and_recorded_killed_by_the_next_com
     assert found[0].data.tags["ended_by"].startswith("the next run of its configuration")
 
 
+_KILLED_WRITER = """
+import os, signal, sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("pragma cache_size=2")  # the changed pages spill to the file: its old pages are in the journal
+con.execute("begin immediate")
+con.execute("update runs set name = name || ?", ("x" * 2000,))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_c34_a_store_whose_writer_was_killed_mid_write_is_whole_and_read_by_the_next_command(tmp_path):
+    """The kind: a run killed while MLflow wrote to its SQLite store (SIGKILL, the OOM killer) leaves SQLite's hot
+    rollback journal, and a look at the store that opened it read-only took a whole store for a damaged one
+    (CI, stop 66: c34's next command refused the store). Its places: ``_runs_in``, under ``check_sqlite`` (the
+    pre-flight of a run and of ccexp.ui's server) and ``read_store`` (ccexp.report, ccexp.ui), and under
+    ``open_store``'s choice to set a store aside."""
+    from ccexp.tracking.store import _runs_in, check_sqlite, open_store, read_store
+
+    db = tmp_path / "mlflow.db"
+    client = open_store(f"sqlite:///{db}")
+    experiment = client.create_experiment("c34")
+    made = [client.create_run(experiment, run_name="r" * 200).info.run_id for _ in range(3)]
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(db)], check=False, timeout=120)
+    assert Path(f"{db}-journal").stat().st_size > 0  # the killed writer's hot journal
+    assert _runs_in(db) == (3, "")
+    check_sqlite(db, write=True)
+    found = read_store(f"sqlite:///{db}").search_runs([experiment])
+    assert sorted(r.info.run_id for r in found) == sorted(made)
+    assert {r.info.run_name for r in found} == {"r" * 200}  # the killed write rolled back, nothing half-made
+
+
 # -- c35: a tracking URI MLflow cannot use -------------------------------------------------------------------------------
 @pytest.mark.parametrize("uri, why", [
     ("127.0.0.1:5917", "without a scheme it is read as a file path; did you mean http://127.0.0.1:5917?"),

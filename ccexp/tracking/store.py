@@ -287,11 +287,20 @@ def _runs_in(db: Path) -> tuple[int | None, str]:
     """Runs in a SQLite MLflow store read directly, and why they cannot be counted: ``(n, "")``, ``(0, "")``
     for a store without a runs table (its schema migration cut short before it), ``(None, reason)`` when
     that cannot be told (a damaged file: SQLite's quick check fails or the table cannot be read), so a
-    damaged store that may hold runs is never taken for an empty one."""
-    import sqlite3
+    damaged store that may hold runs is never taken for an empty one.
 
+    A store this process may write is opened read-write (never created): a run killed while it wrote
+    (SIGKILL, the OOM killer) leaves SQLite's rollback journal beside it, "hot", and only a read-write
+    connection rolls it back, as SQLite does for any writer that opens it next; a read-only one fails
+    with "attempt to write a readonly database" on a store that is whole. Where this process cannot
+    write, such a journal is named as the reason.
+    """
+    import sqlite3
+    from contextlib import closing
+
+    writable = os.access(db, os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        with closing(sqlite3.connect(f"file:{db}?mode={'rw' if writable else 'ro'}", uri=True)) as con:
             check = [row[0] for row in con.execute("pragma quick_check(4)")]
             if check != ["ok"]:  # its first row is often only "*** in database main ***"
                 return None, "SQLite's check: " + " ".join(c for c in check if not c.startswith("***"))[:240]
@@ -299,6 +308,10 @@ def _runs_in(db: Path) -> tuple[int | None, str]:
                 return 0, ""
             return int(con.execute("select count(*) from runs").fetchone()[0]), ""
     except sqlite3.Error as e:
+        journal = Path(f"{db}-journal")
+        if not writable and journal.is_file() and journal.stat().st_size:
+            return None, (f"a process killed while writing it left SQLite's journal {journal.name}, which only a "
+                          f"command that may write {db.parent} rolls back")
         return None, str(e)
 
 
