@@ -292,6 +292,60 @@ def test_c19_only_a_store_shown_to_hold_no_run_counts_as_empty(tmp_path):
     assert _runs_in(tmp_path / "two.db") == (2, "")
 
 
+def _store_contents(db: Path):
+    """A SQLite MLflow store's schema, schema version and experiments, as MLflow reads them. A statement's
+    lines are compared as a set: MLflow's own migrations write the runs table's CHECK constraints in an order
+    that changes with the process's hash seed (two stores MLflow made with PYTHONHASHSEED 1 and 2 differ)."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(db)) as con:
+        return (sorted((kind, name, table, sorted(line.strip().rstrip(",") for line in (sql or "").splitlines()))
+                       for kind, name, table, sql in con.execute("select type, name, tbl_name, sql from sqlite_master")),
+                con.execute("select version_num from alembic_version").fetchall(),
+                con.execute("select experiment_id, name, artifact_location, lifecycle_stage from experiments")
+                .fetchall())
+
+
+def test_a_store_made_from_the_schema_template_is_the_store_mlflow_makes_without_migrating(tmp_path, monkeypatch):
+    import mlflow.store.db.utils
+    from mlflow import MlflowClient
+
+    from ccexp.tracking.store import open_store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns: the same for both stores
+    MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments(max_results=1)
+    open_store(f"sqlite:///{tmp_path / 'first.db'}")  # makes the template
+    (template,) = (tmp_path / "cache" / "ccexp" / "mlflow-store").glob(f"mlflow-{mlflow.__version__}-schema-*.db")
+    made = []
+    monkeypatch.setattr(mlflow.store.db.utils, "_initialize_tables", made.append)  # migrating now: recorded
+    client = open_store(f"sqlite:///{tmp_path / 'copied.db'}")
+    assert made == [] and _store_contents(tmp_path / "copied.db") == _store_contents(tmp_path / "mlflow.db")
+    run = client.create_run(client.create_experiment("e")).info.run_id
+    client.log_metric(run, "m", 1.5)
+    assert client.get_run(run).data.metrics == {"m": 1.5}
+    assert not list(tmp_path.glob(".*copying")) and not list(template.parent.glob(".*making"))
+
+
+def test_a_template_mlflow_cannot_open_or_a_cache_that_cannot_be_written_leaves_mlflow_to_make_the_store(
+        tmp_path, monkeypatch):
+    from ccexp.tracking.store import open_store
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("")  # not a folder: no template can be made
+    open_store(f"sqlite:///{tmp_path / 'one.db'}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    open_store(f"sqlite:///{tmp_path / 'two.db'}")
+    (template,) = (tmp_path / "cache" / "ccexp" / "mlflow-store").glob("*.db")
+    template.write_bytes(b"not a database" * 100)  # damaged in the cache
+    client = open_store(f"sqlite:///{tmp_path / 'three.db'}")
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    assert _store_contents(tmp_path / "one.db") == _store_contents(tmp_path / "three.db")
+    assert not template.exists()  # dropped: the next store makes it anew
+
+
 # -- c20: a callback that needs a logger, in a run without one ----------------------------------------
 @pytest.mark.parametrize("callback,cls", [("lr_monitor", "LearningRateMonitor"), ("device_stats", "DeviceStatsMonitor")])
 def test_c20_a_callback_that_writes_to_a_logger_without_one_is_one_line_before_any_stage(tmp_path, callback, cls):

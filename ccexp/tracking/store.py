@@ -224,7 +224,9 @@ def check_server(store: Store, default_uri: str | None = None) -> None:
 
 def open_store(uri: str):
     """An ``MlflowClient`` on ``uri``. A SQLite store is created and migrated under a file lock next to
-    it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema. A store this
+    it, so runs that start together on a fresh ``paths.outputs`` do not race on its schema; a new one
+    starts as a copy of an empty store at MLflow's schema head
+    (``_from_schema_template``), which MLflow opens without migrating. A store this
     call could not finish creating (a full disk) is removed, so none is left half-created; one left
     half-created earlier (its schema migration cut short) is set aside and created anew when it is shown
     to hold no run (a readable file without runs), or named in one line when it holds runs or cannot be
@@ -248,6 +250,7 @@ def open_store(uri: str):
     with file_lock(Path(f"{db}.lock"), "runs that start together on a new store may race on creating its tables"):
         for attempt in (1, 2):
             existed = db.is_file()
+            template = _from_schema_template(db) if not existed and attempt == 1 else None
             try:
                 client = MlflowClient(uri)
                 client.search_experiments(max_results=1)  # opens the store: creates or migrates its tables here
@@ -260,6 +263,12 @@ def open_store(uri: str):
                 if line is not None:
                     raise CcexpError(line.replace("the disk holding", "the disk holding the MLflow store in", 1)
                                      ) from None
+                if template is not None:  # a template MLflow does not take: dropped, and MLflow makes the store
+                    log.warning("mlflow: a store copied from %s could not be opened (%s); the template is dropped "
+                                "and MLflow creates the store", template, str(e).splitlines()[0][:160])
+                    template.unlink(missing_ok=True)
+                    _forget_engine(uri)  # its engine is still open on the copy just removed
+                    continue
                 if not existed or attempt == 2:
                     raise
                 runs, why = _runs_in(db)
@@ -271,6 +280,52 @@ def open_store(uri: str):
                 log.warning("mlflow: the store %s was left half-created (%s) and held no run: set aside as %s and "
                             "created anew", db, str(e).splitlines()[0][:160], aside.name)
     raise AssertionError("unreachable")
+
+
+def _from_schema_template(db: Path) -> Path | None:
+    """Put at ``db`` (which does not exist) a copy of an empty SQLite store at MLflow's schema head, so
+    the client that opens it next skips MLflow's table creation and every migration since its first
+    schema (about 1 s on an idle 2-core machine, 0.06 s for the copy; ``benches/bench_store_template.py``).
+    MLflow then makes the ``Default`` experiment itself, with this store's own artifact location, as it
+    does for a new file, so a store made here cannot be told from one MLflow made.
+
+    The template is made once per MLflow version, schema head and SQLite version (all three in its file
+    name, in full) by MLflow's own ``_initialize_tables``, under ``$XDG_CACHE_HOME/ccexp/mlflow-store``
+    (``~/.cache``), written beside its name and renamed into place, so a half-made one is never copied.
+    Returns the template copied, or None where any of this cannot be done (a read-only home, MLflow
+    internals of another shape): then nothing is put at ``db`` and MLflow creates the store as before.
+    """
+    import shutil
+    import sqlite3
+
+    try:
+        import mlflow
+        import sqlalchemy
+        from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables
+
+        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ccexp" / "mlflow-store"
+        template = folder / (f"mlflow-{mlflow.__version__}-schema-{_get_latest_schema_revision()}"
+                             f"-sqlite-{sqlite3.sqlite_version}.db")
+        if not template.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            making = folder / f".{template.name}.{os.getpid()}.making"
+            engine = sqlalchemy.create_engine(f"sqlite:///{making}")
+            try:
+                _initialize_tables(engine)
+                os.replace(making, template)
+            finally:
+                engine.dispose()
+                making.unlink(missing_ok=True)
+        copying = db.with_name(f".{db.name}.{os.getpid()}.copying")
+        try:
+            shutil.copyfile(template, copying)
+            os.replace(copying, db)
+        finally:
+            copying.unlink(missing_ok=True)
+        return template
+    except Exception as e:  # noqa: BLE001 (any failure: MLflow makes the store itself, as without a template)
+        log.debug("mlflow: no schema template for %s (%s); MLflow creates the store", db, e)
+        return None
 
 
 def _forget_engine(uri: str) -> None:
