@@ -355,7 +355,24 @@ def _check_trainer(cfg: DictConfig) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise CcexpError(f"trainer={t.name} needs a CUDA GPU and none is visible; use trainer=cpu")
+            raise CcexpError(no_gpu_line(cfg))
+
+
+def no_gpu_line(cfg: DictConfig) -> str:
+    """The line for a trainer on CUDA GPUs where none is visible. FSDP (a recipe's, such as
+    ``+recipe=llama2_7b``) is not sent to ``trainer=cpu``, which drops it and would train a 7B model in fp32
+    in one process: the line names the documented CPU route (gloo, fp32, a model that fits) and the plan."""
+    t = cfg.trainer
+    recipe = cfg.get("recipe_name")
+    named = f"trainer={t.name}" + (f" (+recipe={recipe}'s)" if recipe else "")
+    cpu = "trainer.accelerator=cpu trainer.precision=32-true"
+    if str(t.get("strategy")) == "fsdp":
+        return (f"{named} needs a CUDA GPU and none is visible; FSDP runs on the CPU with {cpu} and a model that fits "
+                "it (model.pretrained=<a small model's folder>, e.g. one scripts/make_tiny_llama.py makes: "
+                "docs/using.md, \"On a CPU\"), and python -m ccexp.plan model <these overrides> says what this run "
+                "needs per GPU")
+    return (f"{named} needs a CUDA GPU and none is visible; on the CPU use trainer=cpu (one process), or add {cpu} "
+            "(gloo ranks)")
 
 
 def check_launch(t: DictConfig) -> None:

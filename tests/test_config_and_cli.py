@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -325,9 +326,25 @@ def test_embedder_st_requires_a_model():
         _ = compose_cfg(["embedder=st"]).embedder.model
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the trainers run")
 def test_cli_gpu_trainer_without_gpu_fails_first(tmp_path):
     line = one_error_line(run_ccexp("trainer=gpu", f"paths.outputs={tmp_path}", cwd=ROOT))
-    assert "needs a CUDA GPU" in line and not (tmp_path / "cache").exists()
+    assert line == ("ccexp: error: trainer=gpu needs a CUDA GPU and none is visible; on the CPU use trainer=cpu (one "
+                    "process), or add trainer.accelerator=cpu trainer.precision=32-true (gloo ranks)")
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the trainers run")
+def test_the_headline_command_without_a_gpu_names_the_cpu_route_that_keeps_fsdp_and_the_plan(tmp_path):
+    """Issue 59 (3): ``+recipe=llama2_7b`` on a machine without a GPU was told ``use trainer=cpu``, a trainer it did
+    not type and one that drops FSDP (a 7B model in fp32 in one process)."""
+    line = one_error_line(run_ccexp("+recipe=llama2_7b", "sampler=clusterclip", "data=builtin",
+                                    f"paths.outputs={tmp_path}", cwd=ROOT))
+    assert line.startswith("ccexp: error: trainer=fsdp (+recipe=llama2_7b's) needs a CUDA GPU and none is visible; "
+                           "FSDP runs on the CPU with trainer.accelerator=cpu trainer.precision=32-true and a model "
+                           "that fits it"), line
+    assert "python -m ccexp.plan model <these overrides>" in line and "trainer=cpu" not in line
+    assert not (tmp_path / "cache").exists()
 
 
 def test_help_lists_the_real_groups_only(tmp_path):
