@@ -250,3 +250,25 @@ def test_an_unresolved_differences_seeds_to_resolve_it_are_more_than_the_seeds_r
     sd = sample_sd(diffs)
     if verdict(mean, half) == "unresolved" and sd > 0 and mean != 0:
         assert seeds_to_detect(mean, sd) > len(diffs)
+
+
+def test_a_store_with_nothing_to_decide_says_so_in_one_line_and_counts_one_run_as_one(tmp_path):
+    """One run of the baseline alone: the report's title says "1 run", the lines a sweep and ccexp.report print say
+    there is nothing to decide and what to run (they printed an empty line), and the parent run's description names
+    the question's metric for its chart (it said macro perplexity after the chart moved to bits per byte)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    from ccexp.compare.report import parent_description, write_report
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    r = client.create_run(client.create_experiment("ccexp"), run_name="random-s0", tags={"sampler": "random"})
+    client.log_param(r.info.run_id, "seed", 0)
+    client.log_batch(r.info.run_id, metrics=[Metric("eval/bpb", 1.5, 0, 0), Metric("train/tokens", 8e5, 0, 0)])
+    client.set_terminated(r.info.run_id)
+    _, c = write_report(client, out_dir=tmp_path / "report")
+    assert c.title == "ccexp comparison: 1 run"
+    lines = verdict_lines(c, *c.verdict())
+    assert lines == ["verdict against random: nothing to decide (no sampler has a run paired with random's by seed); "
+                     "run random and the other samplers with the same seeds"]
+    assert "each sampler's bits per byte" in parent_description(c, lines)

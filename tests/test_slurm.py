@@ -480,7 +480,7 @@ def test_a_bad_job_fails_in_its_own_log_with_its_line_and_the_others_run(faulty_
     (line,) = [ln for ln in sweep.stderr.read_text().splitlines() if ln.startswith("ccexp:")]
     assert f"#{bad.name} (sampler.clip_threshold=0): {message}" in line
     report = (bad.parent / "report" / "report.md").read_text()
-    assert "ccexp comparison: 1 runs" in report and f"- #{bad.name} (sampler.clip_threshold=0): FAILED: {message}" in report
+    assert "ccexp comparison: 1 run" in report and f"- #{bad.name} (sampler.clip_threshold=0): FAILED: {message}" in report
 
 
 @pytest.mark.slow

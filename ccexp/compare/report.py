@@ -38,7 +38,7 @@ from ccexp.errors import CcexpError
 from ccexp.names import NOT_COMPUTED
 from ccexp.compare.budget import BUDGET_KEYS
 from ccexp.compare.stats import mean_ci
-from ccexp.compare.verdict import FAVOURS_BALANCING, PLAN_TAG, PRIMARY, check_primary
+from ccexp.compare.verdict import FAVOURS_BALANCING, PLAN_TAG, PRIMARY, check_primary, metric_name
 
 HEADLINE = ["eval/ppl", "eval/ppl_macro", "eval/ppl_worst", "eval/ppl_rare", "eval/ppl_common", "eval/bpb",
             "eval/bpb_macro"]
@@ -592,7 +592,7 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
             f"the verdict compares the {compared} runs at the newest run's budget; the {len(runs) - compared} runs at "
             "the sweep's other budgets are in the budget section"]
         comparison.left_out = []
-    comparison.title = (f"ccexp comparison: {compared} runs" + (f" of sweep {parent_run_id}" if parent_run_id else "")
+    comparison.title = (f"ccexp comparison: {compared} run{'s' if compared != 1 else ''}" + (f" of sweep {parent_run_id}" if parent_run_id else "")
                         + (" (runs of other settings left out: see the note)" if comparison.left_out else ""))
     comparison.notes += context.get("notes", [])
     comparison.unfinished = list(unfinished or [])
@@ -815,8 +815,9 @@ def parent_description(comparison: "Comparison", verdict: list[str]) -> str:
     body = [f"**{comparison.title}**", ""]
     if verdict:
         body += [verdict[0], ""] + [f"- {line.strip()}" for line in verdict[1:]] + [""]
-    body += [f"Chart: the artifact `by_sampler.png` (each sampler's macro perplexity, and its paired difference "
-             f"against {comparison.baseline}, 95 % CI). The whole report: `report/report.html`. "
+    body += [f"Chart: the artifact `by_sampler.png` (each sampler's {metric_name(comparison.primary)}, and its paired "
+             f"difference against {comparison.baseline} with its interval at the verdict's level). The whole report: "
+             "`report/report.html`. "
              "Metrics: each sampler's mean and its difference against the baseline."]
     return "\n".join(body)
 

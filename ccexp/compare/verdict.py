@@ -440,7 +440,8 @@ def verdict_lines(comparison, rows: list[Row], command: str | None) -> list[str]
     """A few lines for the end of a sweep: the primary metric's verdict per sampler and the command."""
     primary = _primary_rows(rows)
     if not primary:
-        return []
+        return [f"verdict against {comparison.baseline}: nothing to decide (no sampler has a run paired with "
+                f"{comparison.baseline}'s by seed); run {comparison.baseline} and the other samplers with the same seeds"]
     wanted = getattr(comparison, "primary", primary[0].metric)
     name = metric_name(primary[0].metric) + (
         f" (no run scored {metric_name(wanted)}, the question asked)" if wanted != primary[0].metric else
