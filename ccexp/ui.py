@@ -84,8 +84,31 @@ def compare_view(client, experiment: str = "ccexp", parent: str | None = None) -
                              if not m.endswith(" ci")],
     }
     key = f"ccexp-{(parent or 'all')[:12]}"
-    client.set_experiment_tag(exp.experiment_id, SHARED_VIEW + key, json.dumps(state))
+    _save_view(client, exp.experiment_id, SHARED_VIEW + key, state)
     return exp.experiment_id, key, metrics
+
+
+def _save_view(client, experiment_id: str, tag: str, state: dict) -> None:
+    """The view as the experiment tag MLflow's UI reads it from; a store this process cannot write is one line.
+
+    Raises:
+        CcexpError: for a read-only store.
+    """
+    import logging
+
+    chatter = logging.getLogger("mlflow.store.db.utils")  # logs SQLite's error with its traceback before raising it
+    level = chatter.level
+    chatter.setLevel(logging.CRITICAL)
+    try:
+        client.set_experiment_tag(experiment_id, tag, json.dumps(state))
+    except Exception as e:  # noqa: BLE001 (MLflow wraps SQLite's error in its own types)
+        if "readonly" not in str(e).replace("-", "").replace(" ", "").lower():
+            raise
+        raise CcexpError(f"the MLflow store {client.tracking_uri} cannot be written here (read-only), and ccexp.ui "
+                         "saves its view in it (an experiment tag); copy the store to a folder you may write and "
+                         "pass that copy, or open it with mlflow ui") from None
+    finally:
+        chatter.setLevel(level)
 
 
 def group_key(runs: list) -> dict | None:

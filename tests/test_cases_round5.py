@@ -190,6 +190,123 @@ def test_c34_a_store_whose_writer_was_killed_mid_write_is_whole_and_read_by_the_
     assert {r.info.run_name for r in found} == {"r" * 200}  # the killed write rolled back, nothing half-made
 
 
+def _killed_mid_write(db: Path) -> None:
+    """A SQLite file with a runs table of three rows (what ``_runs_in`` counts) whose writer was then killed
+    mid-write (its hot journal beside it)."""
+    import sqlite3
+    from contextlib import closing
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with closing(sqlite3.connect(db)) as con, con:
+        con.execute("create table runs (run_uuid text, name text)")
+        con.executemany("insert into runs values (?, ?)", [(str(i), "r" * 2000) for i in range(3)])
+        con.execute("create table filler (x text)")
+        con.executemany("insert into filler values (?)", [("f" * 2000,) for _ in range(40)])
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(db)], check=False, timeout=120)
+    assert Path(f"{db}-journal").stat().st_size > 0
+
+
+def test_c34_a_deleted_stores_journal_is_never_rolled_onto_a_new_store(tmp_path, monkeypatch):
+    """A helper's finding: the store deleted, its killed writer's journal left, the next new store (copied from the
+    schema template) took the journal for its own and rolled it back onto itself: damaged, with the deleted store's
+    run in it. A new store beside such files is MLflow's own new file, which ignores them."""
+    import sqlite3
+    from contextlib import closing
+
+    from ccexp.tracking.store import _runs_in, open_store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    db = tmp_path / "mlflow.db"
+    deleted = open_store(f"sqlite:///{db}")
+    experiment = deleted.create_experiment("deleted")
+    for _ in range(3):
+        deleted.create_run(experiment, run_name="r" * 200)
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(db)], check=False, timeout=120)
+    assert Path(f"{db}-journal").stat().st_size > 0
+    db.unlink()  # the store deleted, its journal left (and this process's engine on it: forgotten by open_store)
+    open_store(f"sqlite:///{db}")
+    with closing(sqlite3.connect(db)) as con:
+        assert con.execute("pragma quick_check").fetchall() == [("ok",)]
+        assert "deleted" not in {name for (name,) in con.execute("select name from experiments")}
+    assert _runs_in(db) == (0, "")
+    (aside,) = tmp_path.glob("mlflow.db-journal.of-a-deleted-store-*")  # kept, not removed
+    assert aside.stat().st_size > 0 and not Path(f"{db}-journal").exists()
+
+
+def test_a_template_that_is_not_an_empty_store_at_the_schema_head_is_made_anew_and_never_copied(tmp_path,
+                                                                                                monkeypatch):
+    """A helper's finding: a store with runs put at the template's path gave every new store its runs (and their
+    artifact folder)."""
+    from ccexp.tracking.store import _runs_in, open_store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    open_store(f"sqlite:///{tmp_path / 'first.db'}")
+    (template,) = (tmp_path / "cache" / "ccexp" / "mlflow-store").glob("*.db")
+    used = open_store(f"sqlite:///{tmp_path / 'used.db'}")
+    used.create_run(used.create_experiment("other"))
+    template.write_bytes((tmp_path / "used.db").read_bytes())  # a store with a run in the template's place
+    client = open_store(f"sqlite:///{tmp_path / 'new.db'}")
+    assert [e.name for e in client.search_experiments()] == ["Default"] and _runs_in(tmp_path / "new.db") == (0, "")
+    assert _runs_in(template) == (0, "")  # made anew
+    template.write_bytes(b"")  # emptied: made anew too, not left to fall back for ever
+    open_store(f"sqlite:///{tmp_path / 'newer.db'}")
+    assert template.stat().st_size > 0 and _runs_in(template) == (0, "")
+
+
+@pytest.mark.parametrize("folder", ["p%41q", "h#x", "q?x"])
+def test_a_store_in_a_folder_whose_name_has_uri_characters_is_read_where_it_is(tmp_path, folder):
+    """A helper's finding: the read-only look put the path in a ``file:`` URI unescaped: ``p%41q`` opened
+    ``pAq`` (called damaged), ``h#x`` and ``q?x`` created a stray empty file and counted 0 runs."""
+    from ccexp.tracking.store import _runs_in
+
+    db = tmp_path / folder / "mlflow.db"
+    _killed_mid_write(db)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert _runs_in(db) == (3, "") and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_damaged_stores_line_quotes_sqlites_check(tmp_path):
+    """A helper's finding: SQLite's check gives its finding in the row that starts "*** in database main ***", and the
+    line said "SQLite's check: " with nothing after it."""
+    import sqlite3
+    from contextlib import closing
+
+    from ccexp.tracking.store import _runs_in
+
+    db = tmp_path / "cut.db"
+    with closing(sqlite3.connect(db)) as con, con:
+        con.execute("create table runs (x text)")
+        con.executemany("insert into runs values (?)", [("a" * 300,)] * 400)
+    damaged = bytearray(db.read_bytes())
+    damaged[4 * 4096 + 8:4 * 4096 + 40] = b"\xff" * 32  # page 5's cell pointers point outside the page
+    db.write_bytes(bytes(damaged))
+    assert _runs_in(db) == (None, "SQLite's check: " + " ".join(
+        [f"On tree page 5 cell {c}: Offset 65535 out of range 118..4092" for c in (12, 11, 10, 9)]))
+
+
+def test_ccexp_ui_on_a_read_only_store_is_one_line(tmp_path):
+    """A helper's finding: ``ccexp.ui`` saves its view in the store (an experiment tag), and on a read-only mount it
+    ended with MLflow's traceback."""
+    from ccexp.tracking.store import open_store
+
+    client = open_store(f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    run = client.create_run(client.create_experiment("ccexp"), tags={"sampler": "random"}).info.run_id
+    client.log_metric(run, "eval/bpb", 1.2)
+    client.set_terminated(run)
+    mounted = tmp_path / "read-only"
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", str(tmp_path / "store"), str(mounted)], capture_output=True).returncode:
+        pytest.skip("a read-only bind mount needs root (CAP_SYS_ADMIN)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)], check=True, capture_output=True)
+        proc = python_m("ccexp.ui", "--store", str(mounted / "mlflow.db"), "--no-server", cwd=tmp_path, timeout=300)
+    finally:
+        subprocess.run(["umount", str(mounted)], capture_output=True)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ccexp.ui: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "cannot be written here (read-only), and ccexp.ui saves its view in it" in errors[0]
+
+
 # -- c35: a tracking URI MLflow cannot use -------------------------------------------------------------------------------
 @pytest.mark.parametrize("uri, why", [
     ("127.0.0.1:5917", "without a scheme it is read as a file path; did you mean http://127.0.0.1:5917?"),

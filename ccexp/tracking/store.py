@@ -250,6 +250,8 @@ def open_store(uri: str):
     with file_lock(Path(f"{db}.lock"), "runs that start together on a new store may race on creating its tables"):
         for attempt in (1, 2):
             existed = db.is_file()
+            if not existed:
+                _before_a_new_store(uri, db)
             template = _from_schema_template(db) if not existed and attempt == 1 else None
             try:
                 client = MlflowClient(uri)
@@ -266,7 +268,7 @@ def open_store(uri: str):
                 if template is not None:  # a template MLflow does not take: dropped, and MLflow makes the store
                     log.warning("mlflow: a store copied from %s could not be opened (%s); the template is dropped "
                                 "and MLflow creates the store", template, str(e).splitlines()[0][:160])
-                    template.unlink(missing_ok=True)
+                    _drop(template)
                     _forget_engine(uri)  # its engine is still open on the copy just removed
                     continue
                 if not existed or attempt == 2:
@@ -282,40 +284,59 @@ def open_store(uri: str):
     raise AssertionError("unreachable")
 
 
+def _before_a_new_store(uri: str, db: Path) -> None:
+    """Before a new store at ``db`` (which does not exist): forget an engine this process kept for a file at
+    ``uri`` since deleted, and rename the journal, WAL and shared-memory files of that deleted store, so the new
+    store is not taken for theirs: SQLite would roll a hot journal back onto it (a helper saw a new store come out
+    malformed, with the deleted store's run in it). They are kept, not removed; one line says where."""
+    _forget_engine(uri)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for suffix in ("-journal", "-wal", "-shm"):
+        left = Path(f"{db}{suffix}")
+        if left.exists():
+            aside = left.with_name(f"{left.name}.of-a-deleted-store-{stamp}")
+            os.replace(left, aside)
+            log.warning("mlflow: %s was left by a store deleted before; set aside as %s, so the new store %s is "
+                        "not taken for it", left.name, aside.name, db.name)
+
+
 def _from_schema_template(db: Path) -> Path | None:
     """Put at ``db`` (which does not exist) a copy of an empty SQLite store at MLflow's schema head, so
     the client that opens it next skips MLflow's table creation and every migration since its first
-    schema (about 1 s on an idle 2-core machine, 0.06 s for the copy; ``benches/bench_store_template.py``).
+    schema (about 1 s on an idle 2-core machine, 0.08 s for the copy; ``benches/bench_store_template.py``).
     MLflow then makes the ``Default`` experiment itself, with this store's own artifact location, as it
     does for a new file, so a store made here cannot be told from one MLflow made.
 
     The template is made once per MLflow version, schema head and SQLite version (all three in its file
     name, in full) by MLflow's own ``_initialize_tables``, under ``$XDG_CACHE_HOME/ccexp/mlflow-store``
-    (``~/.cache``), written beside its name and renamed into place, so a half-made one is never copied.
-    Returns the template copied, or None where any of this cannot be done (a read-only home, MLflow
-    internals of another shape): then nothing is put at ``db`` and MLflow creates the store as before.
+    (``~/.cache`` where that variable is unset or not an absolute path, as the XDG spec says), written
+    beside its name and renamed into place, so a half-made one is never copied. Before each copy it must
+    be a store at the schema head without an experiment or a run; one that is not (damaged, emptied,
+    replaced by a store with runs) is dropped and made anew.
+
+    Returns the template copied, or None where none is copied: the journal or WAL files of a store deleted
+    before are beside ``db`` (SQLite would roll them onto the copy: MLflow's new empty file ignores them),
+    or any step fails (a read-only home, MLflow internals of another shape); then nothing is put at
+    ``db`` and MLflow creates the store as before.
     """
     import shutil
-    import sqlite3
 
+    if any(Path(f"{db}{suffix}").exists() for suffix in ("-journal", "-wal", "-shm")):
+        log.debug("mlflow: a deleted store's journal is beside %s: MLflow creates the store", db)
+        return None
     try:
-        import mlflow
-        import sqlalchemy
-        from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables
+        from mlflow.store.db.utils import _get_latest_schema_revision
 
-        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ccexp" / "mlflow-store"
-        template = folder / (f"mlflow-{mlflow.__version__}-schema-{_get_latest_schema_revision()}"
-                             f"-sqlite-{sqlite3.sqlite_version}.db")
+        head = _get_latest_schema_revision()
+        template = _template_path(head)
+        if template.exists() and not template.is_file():  # a folder in its place: nothing to copy, nothing made
+            return None
+        if template.is_file() and not _empty_at_head(template, head):
+            _drop(template)
         if not template.is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            making = folder / f".{template.name}.{os.getpid()}.making"
-            engine = sqlalchemy.create_engine(f"sqlite:///{making}")
-            try:
-                _initialize_tables(engine)
-                os.replace(making, template)
-            finally:
-                engine.dispose()
-                making.unlink(missing_ok=True)
+            _make_template(template)
+        if not _empty_at_head(template, head):
+            return None
         copying = db.with_name(f".{db.name}.{os.getpid()}.copying")
         try:
             shutil.copyfile(template, copying)
@@ -326,6 +347,63 @@ def _from_schema_template(db: Path) -> Path | None:
     except Exception as e:  # noqa: BLE001 (any failure: MLflow makes the store itself, as without a template)
         log.debug("mlflow: no schema template for %s (%s); MLflow creates the store", db, e)
         return None
+
+
+def _template_path(head: str) -> Path:
+    """Where the schema template of this MLflow, schema ``head`` and SQLite lives (each in the name, in full)."""
+    import sqlite3
+
+    import mlflow
+
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    folder = (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "ccexp" / "mlflow-store"
+    return folder / f"mlflow-{mlflow.__version__}-schema-{head}-sqlite-{sqlite3.sqlite_version}.db"
+
+
+def _make_template(template: Path) -> None:
+    """MLflow's own table creation and migrations into a file beside ``template``, renamed into place."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    template.parent.mkdir(parents=True, exist_ok=True)
+    making = template.with_name(f".{template.name}.{os.getpid()}.making")
+    engine = sqlalchemy.create_engine(f"sqlite:///{making}")
+    try:
+        _initialize_tables(engine)
+        os.replace(making, template)
+    finally:
+        engine.dispose()
+        making.unlink(missing_ok=True)
+
+
+def _empty_at_head(path: Path, head: str) -> bool:
+    """True when ``path`` is a SQLite store at schema ``head`` without an experiment and without a run."""
+    import sqlite3
+    from contextlib import closing
+
+    try:
+        with closing(sqlite3.connect(_sqlite_uri(path, "ro"), uri=True)) as con:
+            return (con.execute("select version_num from alembic_version").fetchall() == [(head,)]
+                    and con.execute("select 1 from experiments limit 1").fetchone() is None
+                    and con.execute("select 1 from runs limit 1").fetchone() is None)
+    except sqlite3.Error:
+        return False
+
+
+def _drop(path: Path) -> None:
+    """Remove ``path`` where this process may (a template in a read-only cache stays, and is not copied)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _sqlite_uri(db: Path, mode: str) -> str:
+    """SQLite's ``file:`` URI of ``db`` opened in ``mode`` (ro, rw): the path percent-escaped, so a ``%``,
+    ``?`` or ``#`` in a folder's name is part of the path, not of the URI."""
+    from urllib.parse import quote
+
+    return f"file:{quote(str(db))}?mode={mode}"
 
 
 def _forget_engine(uri: str) -> None:
@@ -355,9 +433,9 @@ def _runs_in(db: Path) -> tuple[int | None, str]:
 
     writable = os.access(db, os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
     try:
-        with closing(sqlite3.connect(f"file:{db}?mode={'rw' if writable else 'ro'}", uri=True)) as con:
-            check = [row[0] for row in con.execute("pragma quick_check(4)")]
-            if check != ["ok"]:  # its first row is often only "*** in database main ***"
+        with closing(sqlite3.connect(_sqlite_uri(db, "rw" if writable else "ro"), uri=True, timeout=20)) as con:
+            check = [line for row in con.execute("pragma quick_check(4)") for line in str(row[0]).splitlines()]
+            if check != ["ok"]:  # a row may start with a line of its own, "*** in database main ***"
                 return None, "SQLite's check: " + " ".join(c for c in check if not c.startswith("***"))[:240]
             if not con.execute("select 1 from sqlite_master where type = 'table' and name = 'runs'").fetchone():
                 return 0, ""
@@ -365,9 +443,16 @@ def _runs_in(db: Path) -> tuple[int | None, str]:
     except sqlite3.Error as e:
         journal = Path(f"{db}-journal")
         if not writable and journal.is_file() and journal.stat().st_size:
-            return None, (f"a process killed while writing it left SQLite's journal {journal.name}, which only a "
-                          f"command that may write {db.parent} rolls back")
+            return None, (f"{JOURNAL_BESIDE} ({journal.name}: a process writing it now, or one killed while it "
+                          "wrote), which only a process that may write the store and its folder rolls back")
+        if "locked" in str(e):
+            return None, f"{LOCKED} for more than 20 s"
         return None, str(e)
+
+
+# the starts of _runs_in's reasons that are not damage: the line says what to do instead of restoring a copy
+JOURNAL_BESIDE = "SQLite's journal is beside it"
+LOCKED = "another process holds it locked, writing it,"
 
 
 def damaged_line(db: Path, why: str, runs: int | None, instead: str = "set logger.tracking_uri to a new store"
@@ -376,6 +461,11 @@ def damaged_line(db: Path, why: str, runs: int | None, instead: str = "set logge
     some); ``instead``: what else to do (a reader says its own options)."""
     held = "may hold runs" if runs is None else f"holds {runs} run(s)"
     reason = why.splitlines()[0] if why else "unreadable"
+    if why.startswith(LOCKED):
+        return f"the MLflow store {db} cannot be read now: {reason}; wait for that process, then run this again"
+    if why.startswith(JOURNAL_BESIDE):
+        return (f"the MLflow store {db} cannot be read here: {reason}; rolling it back makes the store whole, so open "
+                f"it once from a process that may write {db.parent}, or {instead}")
     if len(reason) > 240:
         reason = reason[:240].rsplit(" ", 1)[0] + " ..."
     return f"the MLflow store {db} cannot be opened ({reason}) and {held}; restore it from a copy, or {instead}"
