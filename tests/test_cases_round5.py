@@ -169,20 +169,29 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+def _mlflow_store_killed_mid_write(db: Path, experiment: str = "c34") -> tuple[str, list[str]]:
+    """An MLflow store of three runs in ``experiment`` whose writer was then killed mid-write (its hot journal
+    beside it); the experiment's id and the runs' ids."""
+    from ccexp.tracking.store import open_store
+
+    client = open_store(f"sqlite:///{db}")
+    experiment_id = client.create_experiment(experiment)
+    made = [client.create_run(experiment_id, run_name="r" * 200).info.run_id for _ in range(3)]
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(db)], check=False, timeout=120)
+    assert Path(f"{db}-journal").stat().st_size > 0  # the killed writer's hot journal
+    return experiment_id, made
+
+
 def test_c34_a_store_whose_writer_was_killed_mid_write_is_whole_and_read_by_the_next_command(tmp_path):
     """The kind: a run killed while MLflow wrote to its SQLite store (SIGKILL, the OOM killer) leaves SQLite's hot
     rollback journal, and a look at the store that opened it read-only took a whole store for a damaged one
     (CI, stop 66: c34's next command refused the store). Its places: ``_runs_in``, under ``check_sqlite`` (the
     pre-flight of a run and of ccexp.ui's server) and ``read_store`` (ccexp.report, ccexp.ui), and under
     ``open_store``'s choice to set a store aside."""
-    from ccexp.tracking.store import _runs_in, check_sqlite, open_store, read_store
+    from ccexp.tracking.store import _runs_in, check_sqlite, read_store
 
     db = tmp_path / "mlflow.db"
-    client = open_store(f"sqlite:///{db}")
-    experiment = client.create_experiment("c34")
-    made = [client.create_run(experiment, run_name="r" * 200).info.run_id for _ in range(3)]
-    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(db)], check=False, timeout=120)
-    assert Path(f"{db}-journal").stat().st_size > 0  # the killed writer's hot journal
+    experiment, made = _mlflow_store_killed_mid_write(db)
     assert _runs_in(db) == (3, "")
     check_sqlite(db, write=True)
     found = read_store(f"sqlite:///{db}").search_runs([experiment])
@@ -217,12 +226,7 @@ def test_c34_a_deleted_stores_journal_is_never_rolled_onto_a_new_store(tmp_path,
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     db = tmp_path / "mlflow.db"
-    deleted = open_store(f"sqlite:///{db}")
-    experiment = deleted.create_experiment("deleted")
-    for _ in range(3):
-        deleted.create_run(experiment, run_name="r" * 200)
-    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(db)], check=False, timeout=120)
-    assert Path(f"{db}-journal").stat().st_size > 0
+    _mlflow_store_killed_mid_write(db, "deleted")
     db.unlink()  # the store deleted, its journal left (and this process's engine on it: forgotten by open_store)
     open_store(f"sqlite:///{db}")
     with closing(sqlite3.connect(db)) as con:

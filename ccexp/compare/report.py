@@ -592,7 +592,8 @@ def write_report(client, *, out_dir: Path, parent_run_id: str | None = None, exp
             f"the verdict compares the {compared} runs at the newest run's budget; the {len(runs) - compared} runs at "
             "the sweep's other budgets are in the budget section"]
         comparison.left_out = []
-    comparison.title = (f"ccexp comparison: {compared} run{'s' if compared != 1 else ''}" + (f" of sweep {parent_run_id}" if parent_run_id else "")
+    comparison.title = (f"ccexp comparison: {compared} run{'s' if compared != 1 else ''}"
+                        + (f" of sweep {parent_run_id}" if parent_run_id else "")
                         + (" (runs of other settings left out: see the note)" if comparison.left_out else ""))
     comparison.notes += context.get("notes", [])
     comparison.unfinished = list(unfinished or [])

@@ -260,7 +260,7 @@ def open_store(uri: str):
             except Exception as e:
                 line = disk_full_line(e, db.parent)
                 if not existed:  # this call's own half-made store: gone, so nothing looks complete
-                    for f in (db, Path(f"{db}-journal"), Path(f"{db}-wal"), Path(f"{db}-shm")):
+                    for f in (db, *(Path(f"{db}{suffix}") for suffix in BESIDE_A_STORE)):
                         f.unlink(missing_ok=True)
                 if line is not None:
                     raise CcexpError(line.replace("the disk holding", "the disk holding the MLflow store in", 1)
@@ -269,8 +269,7 @@ def open_store(uri: str):
                     log.warning("mlflow: a store copied from %s could not be opened (%s); the template is dropped "
                                 "and MLflow creates the store", template, str(e).splitlines()[0][:160])
                     _drop(template)
-                    _forget_engine(uri)  # its engine is still open on the copy just removed
-                    continue
+                    continue  # the copy is gone: the next attempt forgets its engine (_before_a_new_store)
                 if not existed or attempt == 2:
                     raise
                 runs, why = _runs_in(db)
@@ -284,6 +283,10 @@ def open_store(uri: str):
     raise AssertionError("unreachable")
 
 
+# the files SQLite keeps beside a store (its rollback journal, its write-ahead log and that log's index)
+BESIDE_A_STORE = ("-journal", "-wal", "-shm")
+
+
 def _before_a_new_store(uri: str, db: Path) -> None:
     """Before a new store at ``db`` (which does not exist): forget an engine this process kept for a file at
     ``uri`` since deleted, and rename the journal, WAL and shared-memory files of that deleted store, so the new
@@ -291,7 +294,7 @@ def _before_a_new_store(uri: str, db: Path) -> None:
     malformed, with the deleted store's run in it). They are kept, not removed; one line says where."""
     _forget_engine(uri)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for suffix in ("-journal", "-wal", "-shm"):
+    for suffix in BESIDE_A_STORE:
         left = Path(f"{db}{suffix}")
         if left.exists():
             aside = left.with_name(f"{left.name}.of-a-deleted-store-{stamp}")
@@ -314,16 +317,12 @@ def _from_schema_template(db: Path) -> Path | None:
     be a store at the schema head without an experiment or a run; one that is not (damaged, emptied,
     replaced by a store with runs) is dropped and made anew.
 
-    Returns the template copied, or None where none is copied: the journal or WAL files of a store deleted
-    before are beside ``db`` (SQLite would roll them onto the copy: MLflow's new empty file ignores them),
-    or any step fails (a read-only home, MLflow internals of another shape); then nothing is put at
-    ``db`` and MLflow creates the store as before.
+    Returns the template copied, or None where any step fails (a read-only home, MLflow internals of
+    another shape): then nothing is put at ``db`` and MLflow creates the store as before. (A deleted
+    store's journal beside ``db`` is set aside before, by ``_before_a_new_store``.)
     """
     import shutil
 
-    if any(Path(f"{db}{suffix}").exists() for suffix in ("-journal", "-wal", "-shm")):
-        log.debug("mlflow: a deleted store's journal is beside %s: MLflow creates the store", db)
-        return None
     try:
         from mlflow.store.db.utils import _get_latest_schema_revision
 
